@@ -1,0 +1,38 @@
+# Every target does every step it needs on a fresh machine (Python 3.11, a C++ compiler, CMake).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Rebuilt only when what it depends on changes; a ready machine skips straight to the check.
+STAMP := $(VENV)/.installed
+HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 \
+	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
+PYTEST_ARGS ?=
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+	@$(PY) -m horovod_ray._check_install
+
+$(STAMP): setup.py constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade "pip>=23.2" "setuptools>=65" wheel
+	$(PIP) install --quiet -c constraints.txt tensorflow-cpu "ray[default,tune]" numpy \
+		protobuf pandas pyarrow
+	# horovod compiles against the TensorFlow installed above, so no build isolation.
+	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation -c constraints.txt horovod
+	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS) test
+
+demo: install
+	$(PY) examples/tensorflow2_digits.py --num-workers 2
+
+lint: install
+	$(PY) -m ruff check horovod_ray test examples
+	$(PY) -m ruff format --check horovod_ray test examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

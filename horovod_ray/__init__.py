@@ -1,0 +1,30 @@
+"""horovod_ray: run Horovod (Gloo) training jobs on a Ray cluster."""
+
+from horovod_ray.__version__ import __version__
+from horovod_ray.errors import (
+    ConfigError,
+    ExecutorStateError,
+    HorovodRayError,
+    PlacementTimeoutError,
+    RendezvousError,
+    WorkerFailedError,
+)
+from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.run import run
+from horovod_ray.settings import Settings
+from horovod_ray.worker import log
+
+__all__ = [
+    "ConfigError",
+    "ExecutorState",
+    "ExecutorStateError",
+    "HorovodRayError",
+    "PlacementTimeoutError",
+    "RayExecutor",
+    "RendezvousError",
+    "Settings",
+    "WorkerFailedError",
+    "__version__",
+    "log",
+    "run",
+]

@@ -1,0 +1,67 @@
+"""The errors horovod_ray raises.
+
+Every error derives from :class:`HorovodRayError`. Errors may cross process boundaries
+(a Tune trial, a Ray task), so each one pickles with its arguments and keeps its text.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+
+class HorovodRayError(Exception):
+    """Root of every error raised by horovod_ray."""
+
+
+class ConfigError(HorovodRayError, ValueError):
+    """A parameter has a bad value; raised before any Ray resource is taken.
+
+    Attributes:
+        parameter: The name of the offending parameter.
+    """
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+    def __reduce__(self):
+        return (type(self), (self.parameter, str(self)))
+
+
+class PlacementTimeoutError(HorovodRayError, TimeoutError):
+    """Ray could not reserve the job's placement group in time."""
+
+
+class RendezvousError(HorovodRayError):
+    """The Gloo rendezvous server could not start, or ranks never joined it."""
+
+
+class ExecutorStateError(HorovodRayError):
+    """A RayExecutor method was called in a state that does not allow it."""
+
+
+class WorkerFailedError(HorovodRayError):
+    """One or more Horovod ranks raised an exception or died.
+
+    Attributes:
+        failures: World rank -> what happened on it: the node and the original error text
+            (with its traceback when the rank raised).
+    """
+
+    def __init__(self, failures: Mapping[int, str], message: str | None = None) -> None:
+        self.failures: dict[int, str] = dict(sorted(failures.items()))
+        if message is None:
+            message = _describe_failures(self.failures)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.failures, str(self)))
+
+
+def _describe_failures(failures: Mapping[int, str]) -> str:
+    ranks = ", ".join(str(rank) for rank in failures)
+    noun = "rank" if len(failures) == 1 else "ranks"
+    lines = [f"Horovod {noun} {ranks} failed; the job was stopped."]
+    for rank, what in failures.items():
+        lines.append(f"--- rank {rank}: {what}")
+    return "\n".join(lines)

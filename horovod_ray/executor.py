@@ -1,0 +1,735 @@
+"""RayExecutor: one Horovod job on Ray, from placement to teardown."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import math
+import threading
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import cloudpickle
+import ray
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from horovod_ray import placement
+from horovod_ray._stack import require_gloo
+from horovod_ray.errors import (
+    ConfigError,
+    ExecutorStateError,
+    HorovodRayError,
+    PlacementTimeoutError,
+    WorkerFailedError,
+)
+from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
+from horovod_ray.rendezvous import RendezvousServer
+from horovod_ray.settings import Settings, WorkerLayout, create_settings
+from horovod_ray.worker import RemoteWorker
+
+logger = logging.getLogger(__name__)
+
+# Seconds idle workers get to exit on their own at stop() before they are killed.
+STOP_GRACE_S = 5.0
+# Seconds to wait for Ray to confirm that killed workers are gone.
+STOP_CONFIRM_S = 10.0
+# After the first failure, seconds to wait for other ranks that die with it (a lost node).
+FAILURE_SETTLE_S = 0.5
+# Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
+LOG_POLL_S = 5.0
+
+# Environment variables the executor sets itself; extra_env_vars may not override them.
+MANAGED_ENV = frozenset(
+    {
+        "HOROVOD_RANK",
+        "HOROVOD_SIZE",
+        "HOROVOD_LOCAL_RANK",
+        "HOROVOD_LOCAL_SIZE",
+        "HOROVOD_CROSS_RANK",
+        "HOROVOD_CROSS_SIZE",
+        "HOROVOD_HOSTNAME",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        "HOROVOD_CONTROLLER",
+        "HOROVOD_CPU_OPERATIONS",
+        "HOROVOD_GLOO_IFACE",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    }
+)
+
+
+class ExecutorState(enum.Enum):
+    """Where a RayExecutor is in its life.
+
+    Allowed transitions::
+
+        CREATED  -> STARTING -> RUNNING -> STOPPING -> STOPPED
+        CREATED  -> STOPPED                 (stop() before start())
+        STARTING -> FAILED                  (start failed; everything taken was released)
+        RUNNING  -> FAILED                  (a rank failed; everything was released)
+
+    STOPPED and FAILED are final: a new job needs a new RayExecutor.
+    """
+
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass
+class _Runtime:
+    """What a running job holds, in world-rank order; published only after start succeeds."""
+
+    workers: list[Any]
+    ranks: list[RankInfo]
+    nodes: list[dict[str, Any]]
+    rendezvous: RendezvousServer
+    group: Optional[PlacementGroup]
+    owns_group: bool
+
+
+class _Resources:
+    """What start() has taken so far, so that a failure can give it back in reverse."""
+
+    def __init__(self) -> None:
+        self.group: Optional[PlacementGroup] = None
+        self.owns_group = False
+        self.workers: list[Any] = []
+        self.rendezvous: Optional[RendezvousServer] = None
+
+
+class RayExecutor:
+    """A Horovod job on Ray: placement, one actor per rank, Gloo rendezvous, teardown.
+
+    A drop-in for ``horovod.ray.RayExecutor`` where the names overlap::
+
+        settings = RayExecutor.create_settings(timeout_s=60)
+        with RayExecutor(settings, num_workers=2) as executor:
+            sizes = executor.run(lambda: __import__("os").environ["HOROVOD_SIZE"])
+
+    Args:
+        settings: From :meth:`create_settings`; None uses the defaults.
+        num_workers: Number of ranks, packed onto as few nodes as fit.
+        num_hosts: Number of nodes, each running ``num_workers_per_host`` ranks (one
+            placement bundle per node, strictly spread). Give this or ``num_workers``.
+        num_workers_per_host: Ranks per node with ``num_hosts``.
+        cpus_per_worker: CPUs each rank reserves.
+        use_gpu: Reserve GPUs; each node's ranks then share ``CUDA_VISIBLE_DEVICES``.
+        gpus_per_worker: GPUs per rank with ``use_gpu`` (default 1).
+        use_current_placement_group: Inside a placement group (a Tune trial, an actor
+            placed in one), place the ranks there instead of reserving a new group. Both
+            counts may then be omitted: each bundle takes as many ranks as it fits.
+
+    Raises:
+        ConfigError: A bad argument, before anything is started.
+    """
+
+    create_settings = staticmethod(create_settings)
+
+    def __init__(
+        self,
+        settings: Optional[Settings] = None,
+        num_workers: Optional[int] = None,
+        num_hosts: Optional[int] = None,
+        num_workers_per_host: int = 1,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: Optional[float] = None,
+        use_current_placement_group: bool = True,
+    ) -> None:
+        if settings is None:
+            settings = create_settings()
+        if not isinstance(settings, Settings):
+            raise ConfigError(
+                "settings",
+                f"settings must come from RayExecutor.create_settings(...), "
+                f"got {type(settings).__name__}",
+            )
+        self.settings = settings
+        self.layout = WorkerLayout(
+            num_workers=num_workers,
+            num_hosts=num_hosts,
+            num_workers_per_host=num_workers_per_host,
+            cpus_per_worker=cpus_per_worker,
+            use_gpu=use_gpu,
+            gpus_per_worker=gpus_per_worker,
+            use_current_placement_group=use_current_placement_group,
+        )
+        if not use_current_placement_group:
+            self.layout.require_counts()
+        self._state = ExecutorState.CREATED
+        self._lock = threading.RLock()
+        self._runtime: Optional[_Runtime] = None
+        self._calls_in_flight = 0
+        self._call_id = 0
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def state(self) -> ExecutorState:
+        """The current lifecycle state."""
+        return self._state
+
+    @property
+    def num_workers(self) -> int:
+        """Number of ranks of the running job."""
+        return len(self._running("num_workers").workers)
+
+    @property
+    def ranks(self) -> list[RankInfo]:
+        """Each rank's identity, in world-rank order."""
+        return list(self._running("ranks").ranks)
+
+    @property
+    def rendezvous_address(self) -> tuple[str, int]:
+        """(host, port) of the job's Gloo rendezvous server."""
+        return self._running("rendezvous_address").rendezvous.address
+
+    @property
+    def placement_group(self) -> Optional[PlacementGroup]:
+        """The placement group the ranks run in."""
+        return self._running("placement_group").group
+
+    def __repr__(self) -> str:
+        return f"RayExecutor(state={self._state.value}, layout={self.layout})"
+
+    # ------------------------------------------------------------------------ start
+
+    def start(
+        self,
+        executable_cls: Optional[Callable[..., Any]] = None,
+        executable_args: Optional[Sequence[Any]] = None,
+        executable_kwargs: Optional[Mapping[str, Any]] = None,
+        extra_env_vars: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        """Reserves resources, starts one actor per rank and the rendezvous server.
+
+        All or nothing: if any step fails, everything taken so far is released and the
+        executor ends FAILED.
+
+        Args:
+            executable_cls: Built on every rank after its environment is set; ``execute``
+                passes the instance to its function.
+            executable_args: Positional arguments for ``executable_cls``.
+            executable_kwargs: Keyword arguments for ``executable_cls``.
+            extra_env_vars: More environment variables (str to str) for every rank.
+
+        Raises:
+            ConfigError: A bad argument (nothing was started).
+            ExecutorStateError: The executor is not newly created.
+            HorovodRayError: Ray is not initialised, or horovod lacks Gloo.
+            PlacementTimeoutError: Ray could not place the ranks in time.
+            WorkerFailedError: ``executable_cls`` raised on some rank.
+        """
+        if executable_cls is not None and not callable(executable_cls):
+            raise ConfigError(
+                "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
+            )
+        args = _as_tuple("executable_args", executable_args)
+        kwargs = _as_kwargs("executable_kwargs", executable_kwargs)
+        env = _check_env(extra_env_vars)
+        require_gloo()
+        if not ray.is_initialized():
+            raise HorovodRayError(
+                "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
+                "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
+            )
+        group = placement.current_group(self.layout)
+        if group is None:
+            self.layout.require_counts()
+            plan = placement.plan_new_group(self.layout)
+        else:
+            plan = placement.plan_existing_group(self.layout, group.bundle_specs)
+        with self._lock:
+            if self._state is not ExecutorState.CREATED:
+                raise ExecutorStateError(
+                    f"start() needs a new executor, this one is {self._state.value}; "
+                    f"create a new RayExecutor"
+                )
+            self._state = ExecutorState.STARTING
+
+        taken = _Resources()
+        try:
+            runtime = self._start(plan, group, taken, executable_cls, args, kwargs, env)
+        except BaseException as err:
+            _release(taken.workers, taken.rendezvous, taken.group, taken.owns_group, grace_s=0)
+            with self._lock:
+                self._state = ExecutorState.FAILED
+            if isinstance(err, (HorovodRayError, KeyboardInterrupt)):
+                raise
+            raise HorovodRayError(f"RayExecutor.start() failed: {err}") from err
+        with self._lock:
+            self._runtime = runtime
+            self._state = ExecutorState.RUNNING
+        self._log_ranks(runtime)
+
+    def _start(
+        self,
+        plan: placement.PlacementPlan,
+        group: Optional[PlacementGroup],
+        taken: _Resources,
+        executable_cls: Optional[Callable[..., Any]],
+        args: tuple,
+        kwargs: dict,
+        extra_env: dict[str, str],
+    ) -> _Runtime:
+        timeout_s = self.settings.placement_group_timeout_s
+        if plan.bundles:
+            group = placement.reserve(plan, timeout_s)
+            taken.group, taken.owns_group = group, True
+        else:
+            taken.group = group
+
+        for bundle_index in plan.worker_bundles:
+            options: dict[str, Any] = {
+                "num_cpus": self.layout.cpus_per_worker,
+                "num_gpus": self.layout.gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=group, placement_group_bundle_index=bundle_index
+                ),
+            }
+            taken.workers.append(RemoteWorker.options(**options).remote())
+
+        # The first answer from each actor also tells us it was scheduled.
+        info_refs = [worker.node_info.remote() for worker in taken.workers]
+        ready, not_ready = ray.wait(info_refs, num_returns=len(info_refs), timeout=timeout_s)
+        if not_ready:
+            raise PlacementTimeoutError(
+                f"{len(not_ready)} of {len(info_refs)} workers were not scheduled within "
+                f"placement_group_timeout_s={timeout_s:g}s inside the placement group "
+                f"(bundles {group.bundle_specs}); give the group more room or fewer workers"
+            )
+        nodes = _get_all(info_refs, what="report its node")
+
+        infos = assign_ranks([WorkerRecord(n["node_id"], n["gpu_ids"]) for n in nodes])
+        order = sorted(range(len(infos)), key=lambda i: infos[i].world_rank)
+        workers = [taken.workers[i] for i in order]
+        ranks = [infos[i] for i in order]
+        nodes = [nodes[i] for i in order]
+
+        driver_ip = ray.util.get_node_ip_address()
+        local_job = all(node["node_ip"] == driver_ip for node in nodes)
+        bind_address = "127.0.0.1" if local_job else driver_ip
+        allowed = {bind_address} | {node["node_ip"] for node in nodes}
+        rendezvous = RendezvousServer(bind_address, allowed, self.settings.verbose)
+        taken.rendezvous = rendezvous
+        host, port = rendezvous.start(ranks)
+
+        common = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": host,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(self.settings.timeout_s)),
+        }
+        setups = []
+        for worker, rank, node in zip(workers, ranks, nodes):
+            env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": self._iface(node, local_job)}
+            env.update(extra_env)
+            setups.append(worker.setup.remote(env, rank.world_rank == 0))
+        _get_all(setups, what="set up its environment")
+        if executable_cls is not None:
+            refs = [w.start_executable.remote(executable_cls, args, kwargs) for w in workers]
+            _get_all(refs, what="build executable_cls", nodes=nodes)
+        return _Runtime(workers, ranks, nodes, rendezvous, group, taken.owns_group)
+
+    def _iface(self, node: Mapping[str, Any], local_job: bool) -> str:
+        nics = self.settings.nics
+        if nics:
+            if nics[0] not in node["interfaces"]:
+                raise ConfigError(
+                    "nics",
+                    f"interface {nics[0]!r} from nics does not exist on node {node['node_ip']} "
+                    f"(it has {node['interfaces']}); name an interface every node has",
+                )
+            return nics[0]
+        iface = node["loopback_iface"] if local_job else node["node_ip_iface"]
+        if iface is None:
+            raise HorovodRayError(
+                f"found no network interface holding {node['node_ip']} on that node; "
+                f"pass nics=['<interface>'] to create_settings"
+            )
+        return iface
+
+    def _log_ranks(self, runtime: _Runtime) -> None:
+        level = logging.INFO if self.settings.verbose >= 1 else logging.DEBUG
+        if not logger.isEnabledFor(level):
+            return
+        lines = ["rank  local  cross  node              ip               gpus"]
+        for rank, node in zip(runtime.ranks, runtime.nodes):
+            lines.append(
+                f"{rank.world_rank:>4}  {rank.local_rank:>2}/{rank.local_size:<2}  "
+                f"{rank.cross_rank:>2}/{rank.cross_size:<2}  {rank.node_id[:16]:<16}  "
+                f"{node['node_ip']:<15}  {','.join(rank.visible_gpus) or '-'}"
+            )
+        host, port = runtime.rendezvous.address
+        logger.log(
+            level,
+            "Horovod job started: %d ranks, rendezvous %s:%d\n%s",
+            len(runtime.ranks),
+            host,
+            port,
+            "\n".join(lines),
+        )
+
+    # ------------------------------------------------------------------------ calls
+
+    def execute(
+        self,
+        fn: Callable[[Any], Any],
+        callbacks: Optional[Sequence[Callable[[dict], None]]] = None,
+    ) -> list[Any]:
+        """Runs ``fn(executable)`` on every rank.
+
+        Args:
+            fn: Called with the rank's ``executable_cls`` instance (None without one).
+            callbacks: Called on the driver with each dict rank 0 passes to ``log()``,
+                while ``fn`` runs.
+
+        Returns:
+            Each rank's return value, in world-rank order.
+
+        Raises:
+            WorkerFailedError: A rank raised or died; the job has been stopped.
+        """
+        payload = _pickle_fn("fn", fn)
+        callbacks = _check_callbacks(callbacks)
+        runtime = self._running("execute")
+        call_id = self._next_call_id()
+        refs = [w.execute.remote(payload, call_id) for w in runtime.workers]
+        return self._collect(runtime, refs, callbacks, call_id)
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        args: Optional[Sequence[Any]] = None,
+        kwargs: Optional[Mapping[str, Any]] = None,
+        callbacks: Optional[Sequence[Callable[[dict], None]]] = None,
+    ) -> list[Any]:
+        """Runs ``fn(*args, **kwargs)`` on every rank.
+
+        Returns:
+            Each rank's return value, in world-rank order.
+
+        Raises:
+            WorkerFailedError: A rank raised or died; the job has been stopped.
+        """
+        payload = _pickle_fn("fn", fn)
+        call_args = _pickle_args(_as_tuple("args", args), _as_kwargs("kwargs", kwargs))
+        callbacks = _check_callbacks(callbacks)
+        runtime = self._running("run")
+        call_id = self._next_call_id()
+        refs = [w.run.remote(payload, call_args, call_id) for w in runtime.workers]
+        return self._collect(runtime, refs, callbacks, call_id)
+
+    def run_remote(
+        self,
+        fn: Callable[..., Any],
+        args: Optional[Sequence[Any]] = None,
+        kwargs: Optional[Mapping[str, Any]] = None,
+    ) -> list[ray.ObjectRef]:
+        """Starts ``fn(*args, **kwargs)`` on every rank without waiting.
+
+        Returns:
+            One ObjectRef per rank, in world-rank order; ``ray.get`` them. Failures surface
+            there as Ray errors (use ``run`` for WorkerFailedError and cleanup).
+        """
+        payload = _pickle_fn("fn", fn)
+        call_args = _pickle_args(_as_tuple("args", args), _as_kwargs("kwargs", kwargs))
+        runtime = self._running("run_remote")
+        call_id = self._next_call_id()
+        return [w.run.remote(payload, call_args, call_id) for w in runtime.workers]
+
+    def execute_single(self, fn: Callable[[Any], Any]) -> Any:
+        """Runs ``fn(executable)`` on rank 0 only.
+
+        Returns:
+            Rank 0's return value (not a list).
+
+        Raises:
+            WorkerFailedError: Rank 0 raised or died; the job has been stopped.
+        """
+        payload = _pickle_fn("fn", fn)
+        runtime = self._running("execute_single")
+        call_id = self._next_call_id()
+        ref = runtime.workers[0].execute.remote(payload, call_id)
+        return self._collect(runtime, [ref], [], call_id)[0]
+
+    def _next_call_id(self) -> int:
+        with self._lock:
+            self._call_id += 1
+            return self._call_id
+
+    def _collect(
+        self,
+        runtime: _Runtime,
+        refs: list[ray.ObjectRef],
+        callbacks: list[Callable[[dict], None]],
+        call_id: int,
+    ) -> list[Any]:
+        with self._lock:
+            self._calls_in_flight += 1
+        try:
+            if not callbacks:
+                try:
+                    # ray.get returns as soon as any of the refs holds an error.
+                    return ray.get(refs)
+                except ray.exceptions.RayError:
+                    self._fail(runtime, refs)
+            return self._collect_with_logs(runtime, refs, callbacks, call_id)
+        finally:
+            with self._lock:
+                self._calls_in_flight -= 1
+
+    def _collect_with_logs(
+        self,
+        runtime: _Runtime,
+        refs: list[ray.ObjectRef],
+        callbacks: list[Callable[[dict], None]],
+        call_id: int,
+    ) -> list[Any]:
+        rank0 = runtime.workers[0]
+        poll = rank0.next_logs.remote(call_id, LOG_POLL_S)
+        pending = list(refs)
+        try:
+            while True:
+                ready, _ = ray.wait([poll, *pending], num_returns=1)
+                if ready[0] == poll:
+                    items, finished = ray.get(poll)
+                    _deliver(callbacks, items)
+                    if finished and not pending:
+                        return ray.get(refs)
+                    poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
+                    continue
+                pending = [ref for ref in pending if ref != ready[0]]
+                ray.get(ready[0])  # raises at once when that rank failed
+        except ray.exceptions.RayError:
+            self._fail(runtime, refs)
+        except BaseException:
+            # A callback raised (or the driver was interrupted): the ranks are mid-call
+            # and cannot be left half done.
+            self._abort(runtime)
+            raise
+
+    def _fail(self, runtime: _Runtime, refs: list[ray.ObjectRef]) -> None:
+        """Collects which ranks failed, stops the job, raises WorkerFailedError."""
+        failed: dict[int, BaseException] = {}
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ready:
+            err = _error_of(ref)
+            if err is not None:
+                failed[refs.index(ref)] = err
+        # Ranks that died with the first one (a lost node) report within moments; ranks
+        # that merely lost a peer would only fail later and are not the cause.
+        rest = [ref for ref in refs if ref not in ready]
+        if rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=FAILURE_SETTLE_S)
+            for ref in more:
+                err = _error_of(ref)
+                if isinstance(err, ray.exceptions.RayActorError):
+                    failed[refs.index(ref)] = err
+        # Workers are held in world-rank order, so a ref's index is its rank.
+        failures = {i: _describe(err, runtime.nodes[i]) for i, err in failed.items()}
+        self._abort(runtime)
+        first = next(iter(failed.values()), None)
+        raise WorkerFailedError(failures) from first
+
+    def _abort(self, runtime: _Runtime) -> None:
+        with self._lock:
+            if self._state is not ExecutorState.RUNNING:
+                return
+            self._state = ExecutorState.STOPPING
+        try:
+            _release(runtime.workers, runtime.rendezvous, runtime.group, runtime.owns_group, 0)
+        finally:
+            with self._lock:
+                self._state = ExecutorState.FAILED
+
+    # ------------------------------------------------------------------------- stop
+
+    def stop(self) -> None:
+        """Stops the job: workers (a grace period, then killed), rendezvous, placement.
+
+        Idempotent; safe in any state, including after a failure.
+        """
+        with self._lock:
+            state = self._state
+            if state is ExecutorState.CREATED:
+                self._state = ExecutorState.STOPPED
+                return
+            if state is not ExecutorState.RUNNING:
+                return
+            self._state = ExecutorState.STOPPING
+            runtime = self._runtime
+            busy = self._calls_in_flight > 0
+        try:
+            grace = 0 if busy else STOP_GRACE_S
+            _release(runtime.workers, runtime.rendezvous, runtime.group, runtime.owns_group, grace)
+        finally:
+            with self._lock:
+                self._state = ExecutorState.STOPPED
+        logger.debug("Horovod job stopped")
+
+    shutdown = stop
+
+    def __enter__(self) -> "RayExecutor":
+        if self._state is ExecutorState.CREATED:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _running(self, action: str) -> _Runtime:
+        with self._lock:
+            state, runtime = self._state, self._runtime
+        if state is ExecutorState.RUNNING and runtime is not None:
+            return runtime
+        if state is ExecutorState.CREATED:
+            hint = "call start() first (or use `with RayExecutor(...) as executor:`)"
+        elif state is ExecutorState.FAILED:
+            hint = "the job failed and was stopped; create a new RayExecutor"
+        else:
+            hint = "the job was stopped; create a new RayExecutor"
+        raise ExecutorStateError(f"{action} needs a running executor, this one is {state.value}: {hint}")
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _release(
+    workers: Sequence[Any],
+    rendezvous: Optional[RendezvousServer],
+    group: Optional[PlacementGroup],
+    owns_group: bool,
+    grace_s: float,
+) -> None:
+    """Gives back what a job holds, newest first; never raises for an already-dead part."""
+    if workers:
+        exits = [worker.__ray_terminate__.remote() for worker in workers]
+        if grace_s > 0:
+            ray.wait(exits, num_returns=len(exits), timeout=grace_s)
+        for worker in workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone is fine
+                logger.debug("kill of a worker failed", exc_info=True)
+        # Returns once Ray has seen every worker die, so the resources are really free.
+        ray.wait(exits, num_returns=len(exits), timeout=STOP_CONFIRM_S)
+    if rendezvous is not None:
+        rendezvous.stop()
+    if group is not None and owns_group:
+        ray.util.remove_placement_group(group)
+
+
+def _error_of(ref: ray.ObjectRef) -> Optional[BaseException]:
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.GetTimeoutError:
+        return None
+    except ray.exceptions.RayError as err:
+        return err
+    return None
+
+
+def _describe(err: BaseException, node: Mapping[str, Any]) -> str:
+    where = f"on node {node['node_id'][:12]} ({node['node_ip']}, pid {node['pid']})"
+    if isinstance(err, ray.exceptions.RayActorError):
+        return f"process died {where}: {err}"
+    return f"raised {where}:\n{err}"
+
+
+def _get_all(
+    refs: list[ray.ObjectRef], what: str, nodes: Optional[Sequence[Mapping[str, Any]]] = None
+) -> list[Any]:
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayError as first:
+        failures = {}
+        for index, ref in enumerate(refs):
+            err = _error_of(ref)
+            if err is not None:
+                where = _describe(err, nodes[index]) if nodes else str(err)
+                failures[index] = f"failed to {what}: {where}"
+        raise WorkerFailedError(failures) from first
+
+
+def _deliver(callbacks: Iterable[Callable[[dict], None]], items: Iterable[dict]) -> None:
+    for item in items:
+        for callback in callbacks:
+            callback(item)
+
+
+def _pickle_fn(name: str, fn: object) -> bytes:
+    if not callable(fn):
+        raise ConfigError(name, f"{name} must be callable, got {type(fn).__name__} {fn!r}")
+    return _pickle(name, fn)
+
+
+def _pickle_args(args: tuple, kwargs: dict) -> bytes:
+    return _pickle("args", (args, kwargs))
+
+
+def _pickle(name: str, value: object) -> bytes:
+    # Pickled once here rather than once per rank by Ray.
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as err:
+        raise ConfigError(
+            name, f"{name} cannot be pickled to send to the workers: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _as_tuple(name: str, value: Optional[Sequence[Any]]) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(name, f"{name} must be a list or tuple, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _as_kwargs(name: str, value: Optional[Mapping[str, Any]]) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(name, f"{name} must be a dict with str keys, got {value!r}")
+    return dict(value)
+
+
+def _check_env(env: Optional[Mapping[str, str]]) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(
+            "extra_env_vars", f"extra_env_vars must be a dict of str to str, got {env!r}"
+        )
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars must map names to str values, got {key!r}: {value!r} "
+                f"(write numbers as strings, e.g. '1')",
+            )
+        if key in MANAGED_ENV:
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars may not set {key}: the executor sets it (use "
+                f"create_settings for timeouts and interfaces)",
+            )
+    return dict(env)
+
+
+def _check_callbacks(callbacks: object) -> list[Callable[[dict], None]]:
+    if callbacks is None:
+        return []
+    if callable(callbacks):
+        return [callbacks]
+    if not isinstance(callbacks, (list, tuple)) or not all(callable(c) for c in callbacks):
+        raise ConfigError(
+            "callbacks", f"callbacks must be a list of callables, got {callbacks!r}"
+        )
+    return list(callbacks)

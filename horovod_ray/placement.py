@@ -1,0 +1,127 @@
+"""Placement: which placement group the workers go in, and which bundle each one takes.
+
+* ``num_workers=N``: N bundles of one worker each, ``PACK`` (fill nodes, spill over).
+* ``num_hosts=H, num_workers_per_host=S``: H bundles of S workers each, ``STRICT_SPREAD``
+  (one bundle per node).
+* Inside a placement group that already exists (a Tune trial, a user's actor), with
+  ``use_current_placement_group=True``: that group's bundles, none created.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Optional, Sequence
+
+import ray
+from ray.util.placement_group import PlacementGroup
+
+from horovod_ray.errors import ConfigError, PlacementTimeoutError
+from horovod_ray.settings import WorkerLayout
+
+logger = logging.getLogger(__name__)
+
+# Ray picks any bundle of the group that has room.
+ANY_BUNDLE = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class PlacementPlan:
+    """Bundles to reserve (empty when reusing a group) and each worker's bundle index."""
+
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+    worker_bundles: tuple[int, ...]
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_bundles)
+
+
+def plan_new_group(layout: WorkerLayout) -> PlacementPlan:
+    """The placement group to create for ``layout`` (which must give a worker count)."""
+    layout.require_counts()
+    per_worker = layout.worker_resources()
+    if layout.num_workers is not None:
+        return PlacementPlan(
+            bundles=tuple(dict(per_worker) for _ in range(layout.num_workers)),
+            strategy="PACK",
+            worker_bundles=tuple(range(layout.num_workers)),
+        )
+    slots = layout.num_workers_per_host
+    host_bundle = {name: amount * slots for name, amount in per_worker.items()}
+    return PlacementPlan(
+        bundles=tuple(dict(host_bundle) for _ in range(layout.num_hosts)),
+        strategy="STRICT_SPREAD",
+        worker_bundles=tuple(i // slots for i in range(layout.num_hosts * slots)),
+    )
+
+
+def plan_existing_group(
+    layout: WorkerLayout, bundle_specs: Sequence[dict[str, float]]
+) -> PlacementPlan:
+    """Places ``layout``'s workers in an existing group with ``bundle_specs``.
+
+    With ``num_hosts``, worker ``i`` takes bundle ``i // num_workers_per_host``; with
+    ``num_workers``, Ray picks a bundle with room; with neither, each bundle holds as many
+    workers as its resources allow.
+
+    Raises:
+        ConfigError: The group has too few bundles, or no room for a single worker.
+    """
+    if layout.num_workers is not None:
+        return PlacementPlan((), "", (ANY_BUNDLE,) * layout.num_workers)
+    if layout.num_hosts is not None:
+        if layout.num_hosts > len(bundle_specs):
+            raise ConfigError(
+                "num_hosts",
+                f"num_hosts={layout.num_hosts} but the current placement group has only "
+                f"{len(bundle_specs)} bundle(s); lower num_hosts or pass "
+                f"use_current_placement_group=False",
+            )
+        slots = layout.num_workers_per_host
+        return PlacementPlan((), "", tuple(i // slots for i in range(layout.num_hosts * slots)))
+    per_worker = layout.worker_resources()
+    worker_bundles: list[int] = []
+    for index, spec in enumerate(bundle_specs):
+        fits = min(math.floor(spec.get(name, 0) / need + 1e-9) for name, need in per_worker.items())
+        worker_bundles.extend([index] * fits)
+    if not worker_bundles:
+        raise ConfigError(
+            "cpus_per_worker",
+            f"no bundle of the current placement group ({list(bundle_specs)}) fits one worker "
+            f"needing {per_worker}; lower cpus_per_worker or give num_workers",
+        )
+    return PlacementPlan((), "", tuple(worker_bundles))
+
+
+def current_group(layout: WorkerLayout) -> Optional[PlacementGroup]:
+    """The placement group this process runs in, if the layout may use it."""
+    if not layout.use_current_placement_group:
+        return None
+    return ray.util.get_current_placement_group()
+
+
+def reserve(plan: PlacementPlan, timeout_s: float) -> PlacementGroup:
+    """Creates the plan's placement group and waits until Ray has reserved it.
+
+    Raises:
+        PlacementTimeoutError: Not reserved within ``timeout_s``; the group is removed.
+    """
+    group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if ready:
+        return group
+    ray.util.remove_placement_group(group)
+    raise PlacementTimeoutError(
+        f"Ray could not reserve {len(plan.bundles)} bundle(s) of {plan.bundles[0]} "
+        f"({plan.strategy}) within placement_group_timeout_s={timeout_s:g}s. "
+        f"Available now: {_summary(ray.available_resources())}; cluster total: "
+        f"{_summary(ray.cluster_resources())}. Lower num_workers / cpus_per_worker, add "
+        f"nodes, or raise placement_group_timeout_s."
+    )
+
+
+def _summary(resources: dict[str, float]) -> dict[str, float]:
+    return {name: resources[name] for name in ("CPU", "GPU") if name in resources} or resources

@@ -1,0 +1,181 @@
+"""The job's Gloo rendezvous server: horovod's HTTP key-value store, locked down.
+
+Horovod's Gloo controller finds its peers through an HTTP store
+(``horovod.runner.http.http_server``): every rank PUTs its address under a scope
+(``global``, ``local_<host>``, ``cross_<local rank>``) and GETs the others'. horovod's own
+server listens on every interface and serves anyone. This one, built on the same classes:
+
+* binds one address only (loopback when the whole job is on the driver's node);
+* answers only the job's worker nodes (403 to any other source address);
+* rejects malformed requests (bad paths, missing or oversized bodies) with 4xx;
+* remembers which ranks ever joined the global scope, so a stuck start can name the
+  missing ranks;
+* closes its socket and joins its thread on :meth:`RendezvousServer.stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Iterable, Optional, Sequence
+
+from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+from horovod_ray.errors import RendezvousError
+from horovod_ray.ranks import RankInfo
+
+logger = logging.getLogger(__name__)
+
+# Gloo stores short addresses; anything near this size is not a Gloo client.
+MAX_BODY_BYTES = 1 << 20
+_PATH = re.compile(r"^/([A-Za-z0-9_.:\-]{1,256})/([A-Za-z0-9_.:\-]{1,256})$")
+GLOBAL_SCOPE = "global"
+
+
+class _Handler(RendezvousHandler):
+    """Checks source address, path and body before horovod's store logic runs."""
+
+    server: "_Server"
+
+    def _admit(self, needs_body: bool = False) -> bool:
+        source = self.client_address[0]
+        if source not in self.server.allowed_sources:
+            logger.warning("rendezvous: refused a request from %s (not a worker node)", source)
+            self.send_status_code(403)
+            return False
+        if _PATH.match(self.path) is None:
+            self.send_status_code(400)
+            return False
+        if needs_body:
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self.send_status_code(411)
+                return False
+            if int(length) > MAX_BODY_BYTES:
+                self.send_status_code(413)
+                self.close_connection = True
+                return False
+        return True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        if self._admit():
+            super().do_GET()
+
+    def do_PUT(self) -> None:  # noqa: N802
+        if self._admit(needs_body=True):
+            scope, key = _PATH.match(self.path).groups()
+            super().do_PUT()
+            if scope == GLOBAL_SCOPE:
+                self.server.note_join(key)
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        if self._admit():
+            super().do_DELETE()
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.send_status_code(405)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.send_status_code(405)
+
+    def send_error(self, code, message=None, explain=None) -> None:
+        # Unknown methods and unparsable request lines land here: answer without a body.
+        self.send_status_code(code)
+        self.close_connection = True
+
+
+class _Server(RendezvousHTTPServer):
+    # Request threads must never keep the driver alive or block stop().
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], allowed_sources: Iterable[str], verbose: int):
+        super().__init__(address, _Handler, verbose)
+        self.allowed_sources = frozenset(allowed_sources)
+        self.joined_lock = threading.Lock()
+        self.joined: set[str] = set()
+
+    def note_join(self, key: str) -> None:
+        with self.joined_lock:
+            self.joined.add(key)
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that hangs up mid-request is not worth a traceback on the driver.
+        logger.debug("rendezvous: request from %s failed", client_address, exc_info=True)
+
+
+class RendezvousServer:
+    """One job's rendezvous server.
+
+    Args:
+        bind_address: The single address to listen on.
+        allowed_sources: Source addresses allowed to talk to it (the workers' node IPs).
+        verbose: >= 2 makes horovod's store log every scope change.
+    """
+
+    def __init__(self, bind_address: str, allowed_sources: Iterable[str], verbose: int = 0):
+        self._bind_address = bind_address
+        self._allowed = tuple(allowed_sources)
+        self._verbose = verbose
+        self._server: Optional[_Server] = None
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the workers connect to."""
+        if self._server is None:
+            raise RendezvousError("the rendezvous server is not running")
+        host, port = self._server.server_address[:2]
+        return host, port
+
+    def start(self, ranks: Sequence[RankInfo]) -> tuple[str, int]:
+        """Binds, starts serving, and registers the job's scopes.
+
+        Args:
+            ranks: The job's ranks; their scope sizes let the store clear a scope once
+                every member has finished with it (so ``hvd.init`` may run again).
+
+        Returns:
+            (host, port) to hand to the workers.
+
+        Raises:
+            RendezvousError: The address could not be bound.
+        """
+        try:
+            server = _Server((self._bind_address, 0), self._allowed, self._verbose >= 2)
+        except OSError as err:
+            raise RendezvousError(
+                f"could not start the rendezvous server on {self._bind_address}: {err}"
+            ) from err
+        for info in ranks:
+            server.scope_size[GLOBAL_SCOPE] = info.world_size
+            server.scope_size[f"local_{info.node_id}"] = info.local_size
+            server.scope_size[f"cross_{info.local_rank}"] = info.cross_size
+        thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="horovod_ray-rendezvous",
+            daemon=True,
+        )
+        thread.start()
+        self._server, self._thread = server, thread
+        logger.debug("rendezvous server listening on %s:%d", *self.address)
+        return self.address
+
+    def joined_ranks(self) -> set[int]:
+        """World ranks that have ever published their address in the global scope."""
+        if self._server is None:
+            return set()
+        with self._server.joined_lock:
+            return {int(key) for key in self._server.joined if key.isdigit()}
+
+    def stop(self) -> None:
+        """Stops serving and closes the socket. Safe to call more than once."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if thread is not None:
+            thread.join()

@@ -1,0 +1,204 @@
+"""What the user asked for: job settings and worker layout, validated when built.
+
+Both classes are frozen dataclasses that validate in ``__post_init__``, so a bad value
+raises :class:`~horovod_ray.errors.ConfigError` naming the parameter before any Ray call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import numbers
+import socket
+from typing import Iterable, Optional
+
+from horovod_ray.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_ssh_warned = False
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def require_positive(name: str, value: object, *, integer: bool = False) -> None:
+    """Raises ConfigError unless ``value`` is a positive number (an integer if asked)."""
+    kind = "an integer" if integer else "a number"
+    if not (_is_int(value) if integer else _is_number(value)):
+        raise ConfigError(name, f"{name} must be {kind} > 0, got {value!r}")
+    if value <= 0:
+        raise ConfigError(name, f"{name} must be > 0, got {value!r}")
+
+
+def _normalize_nics(nics: object) -> Optional[tuple[str, ...]]:
+    if nics is None:
+        return None
+    if isinstance(nics, str):
+        # A bare string would otherwise be read as a set of one-letter interfaces.
+        return _normalize_nics([nics])
+    if isinstance(nics, (set, frozenset)):
+        items = sorted(nics, key=str)
+    elif isinstance(nics, (list, tuple)):
+        items = list(nics)
+    else:
+        raise ConfigError(
+            "nics",
+            f"nics must be None or a list/set of interface names such as ['eth0'], "
+            f"got {type(nics).__name__} {nics!r}",
+        )
+    if not items:
+        raise ConfigError("nics", "nics must name at least one interface, or be None")
+    for item in items:
+        if not isinstance(item, str) or not item:
+            raise ConfigError("nics", f"nics must hold interface names (str), got {item!r}")
+    known = local_interfaces()
+    unknown = [item for item in items if item not in known]
+    if unknown:
+        raise ConfigError(
+            "nics",
+            f"nics names interface(s) {unknown} that this machine does not have; "
+            f"known: {sorted(known)}",
+        )
+    return tuple(dict.fromkeys(items))
+
+
+def local_interfaces() -> dict[str, list[str]]:
+    """This machine's network interfaces: name -> its IPv4 addresses."""
+    import psutil
+
+    return {
+        name: [addr.address for addr in addrs if addr.family == socket.AF_INET]
+        for name, addrs in psutil.net_if_addrs().items()
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Job-wide settings; build them with ``RayExecutor.create_settings``.
+
+    Attributes:
+        timeout_s: Seconds Gloo waits for peers (rendezvous and collectives) before failing.
+        placement_group_timeout_s: Seconds to wait for Ray to reserve the workers' resources.
+        nics: Network interfaces Gloo may use (the first one is used); None picks one per
+            node: loopback when the whole job is on one node, else the interface holding the
+            node's Ray address.
+        verbose: 0 logs the rank table at DEBUG, 1 at INFO, 2 also logs rendezvous traffic.
+    """
+
+    timeout_s: float = 120
+    placement_group_timeout_s: float = 100
+    nics: Optional[tuple[str, ...]] = None
+    verbose: int = 1
+
+    def __post_init__(self) -> None:
+        require_positive("timeout_s", self.timeout_s)
+        require_positive("placement_group_timeout_s", self.placement_group_timeout_s)
+        object.__setattr__(self, "nics", _normalize_nics(self.nics))
+        if not _is_int(self.verbose) or self.verbose < 0:
+            raise ConfigError("verbose", f"verbose must be an integer >= 0, got {self.verbose!r}")
+
+
+def create_settings(
+    timeout_s: float = 120,
+    placement_group_timeout_s: float = 100,
+    nics: Optional[Iterable[str]] = None,
+    verbose: int = 1,
+    ssh_identity_file: Optional[str] = None,
+    ssh_str: Optional[str] = None,
+) -> Settings:
+    """Builds validated job settings (see :class:`Settings`).
+
+    ``ssh_identity_file`` and ``ssh_str`` are accepted so that code written for
+    ``horovod.ray`` runs unchanged; Ray starts the workers, so they are not used and no key
+    material is written anywhere.
+
+    Raises:
+        ConfigError: A value is out of range or of the wrong type.
+    """
+    global _ssh_warned
+    if (ssh_identity_file is not None or ssh_str is not None) and not _ssh_warned:
+        _ssh_warned = True
+        logger.warning(
+            "ssh_identity_file / ssh_str are ignored: Ray starts the workers, no SSH is used"
+        )
+    return Settings(
+        timeout_s=timeout_s,
+        placement_group_timeout_s=placement_group_timeout_s,
+        nics=nics,
+        verbose=verbose,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLayout:
+    """How many workers to start and how Ray should place them.
+
+    Exactly one of ``num_workers`` (packed anywhere) or ``num_hosts`` (each host gets
+    ``num_workers_per_host``, strictly spread) is set, unless the job runs inside a placement
+    group that already exists, where both may be None and the group's bundles decide.
+    """
+
+    num_workers: Optional[int] = None
+    num_hosts: Optional[int] = None
+    num_workers_per_host: int = 1
+    cpus_per_worker: float = 1
+    use_gpu: bool = False
+    gpus_per_worker: Optional[float] = None
+    use_current_placement_group: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_workers is not None:
+            require_positive("num_workers", self.num_workers, integer=True)
+        if self.num_hosts is not None:
+            require_positive("num_hosts", self.num_hosts, integer=True)
+        if self.num_workers is not None and self.num_hosts is not None:
+            raise ConfigError(
+                "num_workers",
+                "give either num_workers (workers packed anywhere) or num_hosts with "
+                "num_workers_per_host (workers spread over hosts), not both",
+            )
+        require_positive("num_workers_per_host", self.num_workers_per_host, integer=True)
+        require_positive("cpus_per_worker", self.cpus_per_worker)
+        if not isinstance(self.use_gpu, bool):
+            raise ConfigError("use_gpu", f"use_gpu must be True or False, got {self.use_gpu!r}")
+        if self.gpus_per_worker is not None:
+            if not self.use_gpu:
+                raise ConfigError(
+                    "gpus_per_worker", "gpus_per_worker needs use_gpu=True; set both or neither"
+                )
+            require_positive("gpus_per_worker", self.gpus_per_worker)
+        if not isinstance(self.use_current_placement_group, bool):
+            raise ConfigError(
+                "use_current_placement_group",
+                f"use_current_placement_group must be True or False, "
+                f"got {self.use_current_placement_group!r}",
+            )
+
+    @property
+    def gpus(self) -> float:
+        """GPUs each worker reserves (0 without ``use_gpu``)."""
+        if not self.use_gpu:
+            return 0
+        return 1 if self.gpus_per_worker is None else self.gpus_per_worker
+
+    def worker_resources(self) -> dict[str, float]:
+        """The Ray resources one worker reserves."""
+        resources = {"CPU": float(self.cpus_per_worker)}
+        if self.gpus:
+            resources["GPU"] = float(self.gpus)
+        return resources
+
+    def require_counts(self) -> None:
+        """Raises ConfigError when neither count is given (needed outside a placement group)."""
+        if self.num_workers is None and self.num_hosts is None:
+            raise ConfigError(
+                "num_workers",
+                "give num_workers (e.g. num_workers=2) or num_hosts with num_workers_per_host; "
+                "only inside an existing placement group may both be omitted",
+            )

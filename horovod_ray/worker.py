@@ -1,0 +1,164 @@
+"""The Ray actor that hosts one Horovod rank, and ``log()`` for code running inside it.
+
+One actor per rank. Its default concurrency group runs user code one call at a time; a
+separate ``control`` group answers the driver's long-poll for ``log()`` dicts while user
+code runs, so progress reaches the driver without waiting for the call to end.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+from typing import Any, Callable, Mapping, Optional
+
+import cloudpickle
+import ray
+
+from horovod_ray.errors import ConfigError
+
+CONTROL_GROUP = "control"
+
+
+class _LogChannel:
+    """Dicts logged by user code on rank 0, waiting for the driver to collect them.
+
+    Calls are numbered; the driver's long-poll for call ``n`` returns at once when call
+    ``n`` has finished, so the last dicts never wait for the poll to time out.
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._ready = threading.Condition()
+        self._finished_call = 0
+
+    def begin(self, call_id: int) -> None:
+        with self._ready:
+            # Dicts logged outside a call with callbacks have no one to go to.
+            self._items.clear()
+
+    def end(self, call_id: int) -> None:
+        with self._ready:
+            self._finished_call = max(self._finished_call, call_id)
+            self._ready.notify_all()
+
+    def put(self, item: dict) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify_all()
+
+    def take(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        with self._ready:
+            self._ready.wait_for(
+                lambda: self._items or self._finished_call >= call_id, timeout=timeout_s
+            )
+            items = list(self._items)
+            self._items.clear()
+            return items, self._finished_call >= call_id
+
+
+# Set in a worker process once its rank is known; None in the driver and on other ranks.
+_channel: Optional[_LogChannel] = None
+
+
+def log(metrics: Mapping[str, Any]) -> None:
+    """Reports a dict of metrics from inside a worker to the driver's callbacks.
+
+    Only rank 0's dicts are delivered (every rank may call it, so training code needs no
+    rank check); they reach each callback given to ``execute``/``run``, in order, while
+    the call is still running. Outside a horovod_ray worker this does nothing.
+
+    Args:
+        metrics: Picklable values keyed by name, e.g. ``{"epoch": 1, "loss": 0.3}``.
+
+    Raises:
+        ConfigError: ``metrics`` is not a mapping.
+    """
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(
+            "metrics", f"log() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}"
+        )
+    channel = _channel
+    if channel is not None:
+        channel.put(dict(metrics))
+
+
+def _interface_of(address: str) -> Optional[str]:
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
+class Worker:
+    """Hosts one Horovod rank. Created by the executor; not for direct use."""
+
+    def __init__(self) -> None:
+        self._executable: Any = None
+
+    def node_info(self) -> dict[str, Any]:
+        """Where this worker runs: node id and IP, its GPUs, and network interfaces."""
+        context = ray.get_runtime_context()
+        node_ip = ray.util.get_node_ip_address()
+        return {
+            "node_id": context.get_node_id(),
+            "node_ip": node_ip,
+            "node_ip_iface": _interface_of(node_ip),
+            "loopback_iface": _interface_of("127.0.0.1"),
+            "gpu_ids": tuple(str(gpu) for gpu in ray.get_gpu_ids()),
+            "interfaces": sorted(_all_interfaces()),
+            "pid": os.getpid(),
+        }
+
+    def setup(self, env: Mapping[str, str], is_log_rank: bool) -> None:
+        """Sets the rank's environment; must run before any user code."""
+        global _channel
+        os.environ.update(env)
+        _channel = _LogChannel() if is_log_rank else None
+
+    def start_executable(self, cls: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        """Builds the object that ``execute`` hands to user functions."""
+        self._executable = cls(*args, **kwargs)
+
+    def execute(self, fn_payload: bytes, call_id: int) -> Any:
+        fn = cloudpickle.loads(fn_payload)
+        return self._call(call_id, fn, self._executable)
+
+    def run(self, fn_payload: bytes, args_payload: bytes, call_id: int) -> Any:
+        fn = cloudpickle.loads(fn_payload)
+        args, kwargs = cloudpickle.loads(args_payload)
+        return self._call(call_id, fn, *args, **kwargs)
+
+    def _call(self, call_id: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        channel = _channel
+        if channel is None:
+            return fn(*args, **kwargs)
+        channel.begin(call_id)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            channel.end(call_id)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        """Waits up to ``timeout_s`` for dicts logged during call ``call_id``.
+
+        Returns:
+            The dicts queued so far, and whether the call has finished.
+        """
+        channel = _channel
+        if channel is None:
+            return [], True
+        return channel.take(call_id, timeout_s)
+
+
+def _all_interfaces() -> list[str]:
+    import psutil
+
+    return list(psutil.net_if_addrs())
+
+
+RemoteWorker = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(Worker)

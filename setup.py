@@ -1,0 +1,41 @@
+"""Packaging for horovod-ray: Horovod training jobs on a Ray cluster."""
+
+import os
+
+from setuptools import find_packages, setup
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _read(*parts: str) -> str:
+    with open(os.path.join(_HERE, *parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def _version() -> str:
+    scope: dict = {}
+    exec(_read("horovod_ray", "__version__.py"), scope)
+    return scope["__version__"]
+
+
+setup(
+    name="horovod-ray",
+    version=_version(),
+    description="Run Horovod (Gloo) training jobs on a Ray cluster",
+    long_description=_read("README.rst"),
+    long_description_content_type="text/x-rst",
+    packages=find_packages(include=["horovod_ray", "horovod_ray.*"]),
+    python_requires=">=3.11,<3.12",
+    # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see README.rst.
+    install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
+    extras_require={
+        "tensorflow": ["tensorflow-cpu>=2.15,<2.16"],
+        "tune": ["ray[tune]>=2.60"],
+        "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn"],
+        "examples": ["scikit-learn"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

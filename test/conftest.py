@@ -1,0 +1,96 @@
+"""Shared fixtures: real local Ray instances and clusters, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator
+
+import pytest
+
+# Inherited by the Ray workers these tests start: keeps TensorFlow's start-up chatter out.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import ray  # noqa: E402
+from ray.util import state as ray_state  # noqa: E402
+
+# What kind of Ray this process holds now, so that modules can share one.
+_current: dict[str, object] = {"kind": None}
+
+
+def _shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = _current.get("cluster")
+    if cluster is not None:
+        cluster.shutdown()
+    _current.clear()
+    _current["kind"] = None
+
+
+def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
+    """A local Ray with the given resources, reused when one like it is already up."""
+    kind = ("local", num_cpus, num_gpus)
+    if _current["kind"] == kind and ray.is_initialized():
+        return
+    _shutdown()
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=False)
+    _current["kind"] = kind
+
+
+@pytest.fixture(scope="module")
+def ray_4cpu() -> Iterator[None]:
+    """A local single-node Ray with 4 CPUs."""
+    start_local_ray(4)
+    yield
+
+
+@pytest.fixture
+def ray_cluster(request) -> Iterator["ray.cluster_utils.Cluster"]:
+    """A multi-node Ray on this machine; parametrize indirectly with a list of CPU counts."""
+    from ray.cluster_utils import Cluster
+
+    cpus_per_node = getattr(request, "param", [2, 2])
+    _shutdown()
+    cluster = Cluster()
+    for cpus in cpus_per_node:
+        cluster.add_node(num_cpus=cpus)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    _current.update(kind="cluster", cluster=cluster)
+    yield cluster
+    _shutdown()
+
+
+def alive_actors() -> list:
+    return ray_state.list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+
+
+def live_placement_groups() -> list:
+    groups = ray_state.list_placement_groups(raise_on_missing_output=False)
+    return [g for g in groups if g.state not in ("REMOVED",)]
+
+
+def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.2):
+    """Polls ``predicate`` until it returns a truthy value; returns the last value."""
+    deadline = time.monotonic() + timeout_s
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value = predicate()
+    return value
+
+
+@pytest.fixture
+def no_leaks(ray_4cpu) -> Iterator[None]:
+    """Fails the test if it leaves alive actors or placement groups behind."""
+    actors_before = {a.actor_id for a in alive_actors()}
+    groups_before = {g.placement_group_id for g in live_placement_groups()}
+    yield
+    assert wait_until(lambda: not ({a.actor_id for a in alive_actors()} - actors_before)), (
+        f"actors left alive: {alive_actors()}"
+    )
+    assert wait_until(
+        lambda: not ({g.placement_group_id for g in live_placement_groups()} - groups_before)
+    ), f"placement groups left: {live_placement_groups()}"

@@ -1,0 +1,101 @@
+"""Settings and layout validation: bad values name the parameter, no Ray involved."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import ray
+
+from horovod_ray import ConfigError, RayExecutor, Settings
+from horovod_ray import settings as settings_module
+
+BAD_SETTINGS = [
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"timeout_s": -5}, "timeout_s"),
+    ({"timeout_s": "60"}, "timeout_s"),
+    ({"timeout_s": True}, "timeout_s"),
+    ({"placement_group_timeout_s": 0}, "placement_group_timeout_s"),
+    ({"placement_group_timeout_s": None}, "placement_group_timeout_s"),
+    ({"nics": 3}, "nics"),
+    ({"nics": {"eth0": 1}}, "nics"),
+    ({"nics": []}, "nics"),
+    ({"nics": [""]}, "nics"),
+    ({"nics": ["no-such-nic0"]}, "nics"),
+    ({"verbose": -1}, "verbose"),
+    ({"verbose": "loud"}, "verbose"),
+]
+
+BAD_LAYOUTS = [
+    ({"num_workers": 0}, "num_workers"),
+    ({"num_workers": -2}, "num_workers"),
+    ({"num_workers": 2.0}, "num_workers"),
+    ({"num_workers": 2, "num_hosts": 1}, "num_workers"),
+    ({"num_hosts": 0}, "num_hosts"),
+    ({"num_hosts": 2, "num_workers_per_host": 0}, "num_workers_per_host"),
+    ({"num_workers": 2, "cpus_per_worker": 0}, "cpus_per_worker"),
+    ({"num_workers": 2, "cpus_per_worker": -1}, "cpus_per_worker"),
+    ({"num_workers": 2, "gpus_per_worker": 1}, "gpus_per_worker"),
+    ({"num_workers": 2, "use_gpu": True, "gpus_per_worker": 0}, "gpus_per_worker"),
+    ({"num_workers": 2, "use_gpu": "yes"}, "use_gpu"),
+    ({"num_workers": 2, "use_current_placement_group": 1}, "use_current_placement_group"),
+    ({"use_current_placement_group": False}, "num_workers"),
+]
+
+
+@pytest.mark.parametrize("kwargs,parameter", BAD_SETTINGS, ids=lambda v: str(v))
+def test_bad_settings_name_the_parameter(kwargs, parameter):
+    with pytest.raises(ConfigError) as info:
+        RayExecutor.create_settings(**kwargs)
+    assert info.value.parameter == parameter
+    assert parameter in str(info.value)
+    assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize("kwargs,parameter", BAD_LAYOUTS, ids=lambda v: str(v))
+def test_bad_layouts_name_the_parameter(kwargs, parameter):
+    with pytest.raises(ConfigError) as info:
+        RayExecutor(RayExecutor.create_settings(), **kwargs)
+    assert info.value.parameter == parameter
+    assert parameter in str(info.value)
+    assert not ray.is_initialized()
+
+
+def test_config_error_is_a_value_error_with_the_fix():
+    with pytest.raises(ValueError, match=r"num_workers must be > 0, got 0"):
+        RayExecutor(num_workers=0)
+
+
+def test_settings_must_come_from_create_settings():
+    with pytest.raises(ConfigError, match="create_settings") as info:
+        RayExecutor({"timeout_s": 10}, num_workers=1)
+    assert info.value.parameter == "settings"
+
+
+def test_settings_are_frozen_and_normalized():
+    settings = RayExecutor.create_settings(timeout_s=30, nics={"lo"})
+    assert settings == Settings(timeout_s=30, nics=("lo",))
+    assert settings.nics == ("lo",)
+    assert RayExecutor.create_settings(nics="lo").nics == ("lo",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.timeout_s = 1
+
+
+def test_ssh_arguments_are_accepted_ignored_and_warned_once(caplog, tmp_path, monkeypatch):
+    monkeypatch.setattr(settings_module, "_ssh_warned", False)
+    with caplog.at_level(logging.WARNING, logger="horovod_ray.settings"):
+        first = RayExecutor.create_settings(ssh_identity_file=str(tmp_path / "id"), ssh_str="KEY")
+        RayExecutor.create_settings(ssh_str="KEY")
+    assert [r.message for r in caplog.records].count(
+        "ssh_identity_file / ssh_str are ignored: Ray starts the workers, no SSH is used"
+    ) == 1
+    assert "KEY" not in repr(first)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_valid_layouts_are_accepted():
+    RayExecutor(num_workers=3, cpus_per_worker=0.5)
+    RayExecutor(num_hosts=2, num_workers_per_host=4)
+    RayExecutor(num_workers=2, use_gpu=True, gpus_per_worker=0.5)
+    RayExecutor()  # counts may come from an enclosing placement group at start()

@@ -21,7 +21,9 @@ def _full_check() -> int:
     if not gloo_built():
         failures.append("Gloo")
     if failures:
-        print(f"horovod_ray: horovod lacks {' and '.join(failures)}; {INSTALL_HINT}", file=sys.stderr)
+        print(
+            f"horovod_ray: horovod lacks {' and '.join(failures)}; {INSTALL_HINT}", file=sys.stderr
+        )
         return 1
     require_gloo()  # the executor's cheap check must agree
     print("horovod_ray: horovod has Gloo and TensorFlow")

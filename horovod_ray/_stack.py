@@ -26,7 +26,7 @@ INSTALL_HINT = (
 _GLOO_MARKER = b"GlooController"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gloo_problem() -> str | None:
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:

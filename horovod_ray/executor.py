@@ -6,8 +6,9 @@ import dataclasses
 import enum
 import logging
 import math
+import re
 import threading
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cloudpickle
 import ray
@@ -88,7 +89,7 @@ class _Runtime:
     ranks: list[RankInfo]
     nodes: list[dict[str, Any]]
     rendezvous: RendezvousServer
-    group: Optional[PlacementGroup]
+    group: PlacementGroup | None
     owns_group: bool
 
 
@@ -96,10 +97,10 @@ class _Resources:
     """What start() has taken so far, so that a failure can give it back in reverse."""
 
     def __init__(self) -> None:
-        self.group: Optional[PlacementGroup] = None
+        self.group: PlacementGroup | None = None
         self.owns_group = False
         self.workers: list[Any] = []
-        self.rendezvous: Optional[RendezvousServer] = None
+        self.rendezvous: RendezvousServer | None = None
 
 
 class RayExecutor:
@@ -132,13 +133,13 @@ class RayExecutor:
 
     def __init__(
         self,
-        settings: Optional[Settings] = None,
-        num_workers: Optional[int] = None,
-        num_hosts: Optional[int] = None,
+        settings: Settings | None = None,
+        num_workers: int | None = None,
+        num_hosts: int | None = None,
         num_workers_per_host: int = 1,
         cpus_per_worker: float = 1,
         use_gpu: bool = False,
-        gpus_per_worker: Optional[float] = None,
+        gpus_per_worker: float | None = None,
         use_current_placement_group: bool = True,
     ) -> None:
         if settings is None:
@@ -163,7 +164,7 @@ class RayExecutor:
             self.layout.require_counts()
         self._state = ExecutorState.CREATED
         self._lock = threading.RLock()
-        self._runtime: Optional[_Runtime] = None
+        self._runtime: _Runtime | None = None
         self._calls_in_flight = 0
         self._call_id = 0
 
@@ -190,7 +191,7 @@ class RayExecutor:
         return self._running("rendezvous_address").rendezvous.address
 
     @property
-    def placement_group(self) -> Optional[PlacementGroup]:
+    def placement_group(self) -> PlacementGroup | None:
         """The placement group the ranks run in."""
         return self._running("placement_group").group
 
@@ -201,10 +202,10 @@ class RayExecutor:
 
     def start(
         self,
-        executable_cls: Optional[Callable[..., Any]] = None,
-        executable_args: Optional[Sequence[Any]] = None,
-        executable_kwargs: Optional[Mapping[str, Any]] = None,
-        extra_env_vars: Optional[Mapping[str, str]] = None,
+        executable_cls: Callable[..., Any] | None = None,
+        executable_args: Sequence[Any] | None = None,
+        executable_kwargs: Mapping[str, Any] | None = None,
+        extra_env_vars: Mapping[str, str] | None = None,
     ) -> None:
         """Reserves resources, starts one actor per rank and the rendezvous server.
 
@@ -270,9 +271,9 @@ class RayExecutor:
     def _start(
         self,
         plan: placement.PlacementPlan,
-        group: Optional[PlacementGroup],
+        group: PlacementGroup | None,
         taken: _Resources,
-        executable_cls: Optional[Callable[..., Any]],
+        executable_cls: Callable[..., Any] | None,
         args: tuple,
         kwargs: dict,
         extra_env: dict[str, str],
@@ -327,7 +328,7 @@ class RayExecutor:
             "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(self.settings.timeout_s)),
         }
         setups = []
-        for worker, rank, node in zip(workers, ranks, nodes):
+        for worker, rank, node in zip(workers, ranks, nodes, strict=True):
             env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": self._iface(node, local_job)}
             env.update(extra_env)
             setups.append(worker.setup.remote(env, rank.world_rank == 0))
@@ -360,7 +361,7 @@ class RayExecutor:
         if not logger.isEnabledFor(level):
             return
         lines = ["rank  local  cross  node              ip               gpus"]
-        for rank, node in zip(runtime.ranks, runtime.nodes):
+        for rank, node in zip(runtime.ranks, runtime.nodes, strict=True):
             lines.append(
                 f"{rank.world_rank:>4}  {rank.local_rank:>2}/{rank.local_size:<2}  "
                 f"{rank.cross_rank:>2}/{rank.cross_size:<2}  {rank.node_id[:16]:<16}  "
@@ -381,7 +382,7 @@ class RayExecutor:
     def execute(
         self,
         fn: Callable[[Any], Any],
-        callbacks: Optional[Sequence[Callable[[dict], None]]] = None,
+        callbacks: Sequence[Callable[[dict], None]] | None = None,
     ) -> list[Any]:
         """Runs ``fn(executable)`` on every rank.
 
@@ -406,9 +407,9 @@ class RayExecutor:
     def run(
         self,
         fn: Callable[..., Any],
-        args: Optional[Sequence[Any]] = None,
-        kwargs: Optional[Mapping[str, Any]] = None,
-        callbacks: Optional[Sequence[Callable[[dict], None]]] = None,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[[dict], None]] | None = None,
     ) -> list[Any]:
         """Runs ``fn(*args, **kwargs)`` on every rank.
 
@@ -429,8 +430,8 @@ class RayExecutor:
     def run_remote(
         self,
         fn: Callable[..., Any],
-        args: Optional[Sequence[Any]] = None,
-        kwargs: Optional[Mapping[str, Any]] = None,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
     ) -> list[ray.ObjectRef]:
         """Starts ``fn(*args, **kwargs)`` on every rank without waiting.
 
@@ -576,7 +577,7 @@ class RayExecutor:
 
     shutdown = stop
 
-    def __enter__(self) -> "RayExecutor":
+    def __enter__(self) -> RayExecutor:
         if self._state is ExecutorState.CREATED:
             self.start()
         return self
@@ -595,7 +596,9 @@ class RayExecutor:
             hint = "the job failed and was stopped; create a new RayExecutor"
         else:
             hint = "the job was stopped; create a new RayExecutor"
-        raise ExecutorStateError(f"{action} needs a running executor, this one is {state.value}: {hint}")
+        raise ExecutorStateError(
+            f"{action} needs a running executor, this one is {state.value}: {hint}"
+        )
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -603,8 +606,8 @@ class RayExecutor:
 
 def _release(
     workers: Sequence[Any],
-    rendezvous: Optional[RendezvousServer],
-    group: Optional[PlacementGroup],
+    rendezvous: RendezvousServer | None,
+    group: PlacementGroup | None,
     owns_group: bool,
     grace_s: float,
 ) -> None:
@@ -626,7 +629,7 @@ def _release(
         ray.util.remove_placement_group(group)
 
 
-def _error_of(ref: ray.ObjectRef) -> Optional[BaseException]:
+def _error_of(ref: ray.ObjectRef) -> BaseException | None:
     try:
         ray.get(ref, timeout=0)
     except ray.exceptions.GetTimeoutError:
@@ -636,15 +639,19 @@ def _error_of(ref: ray.ObjectRef) -> Optional[BaseException]:
     return None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _describe(err: BaseException, node: Mapping[str, Any]) -> str:
     where = f"on node {node['node_id'][:12]} ({node['node_ip']}, pid {node['pid']})"
+    text = _ANSI.sub("", str(err))  # Ray colours its traceback headers
     if isinstance(err, ray.exceptions.RayActorError):
-        return f"process died {where}: {err}"
-    return f"raised {where}:\n{err}"
+        return f"process died {where}: {text}"
+    return f"raised {where}:\n{text}"
 
 
 def _get_all(
-    refs: list[ray.ObjectRef], what: str, nodes: Optional[Sequence[Mapping[str, Any]]] = None
+    refs: list[ray.ObjectRef], what: str, nodes: Sequence[Mapping[str, Any]] | None = None
 ) -> list[Any]:
     try:
         return ray.get(refs)
@@ -684,7 +691,7 @@ def _pickle(name: str, value: object) -> bytes:
         ) from err
 
 
-def _as_tuple(name: str, value: Optional[Sequence[Any]]) -> tuple:
+def _as_tuple(name: str, value: Sequence[Any] | None) -> tuple:
     if value is None:
         return ()
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
@@ -692,7 +699,7 @@ def _as_tuple(name: str, value: Optional[Sequence[Any]]) -> tuple:
     return tuple(value)
 
 
-def _as_kwargs(name: str, value: Optional[Mapping[str, Any]]) -> dict:
+def _as_kwargs(name: str, value: Mapping[str, Any] | None) -> dict:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
@@ -700,7 +707,7 @@ def _as_kwargs(name: str, value: Optional[Mapping[str, Any]]) -> dict:
     return dict(value)
 
 
-def _check_env(env: Optional[Mapping[str, str]]) -> dict[str, str]:
+def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, Mapping):
@@ -729,7 +736,5 @@ def _check_callbacks(callbacks: object) -> list[Callable[[dict], None]]:
     if callable(callbacks):
         return [callbacks]
     if not isinstance(callbacks, (list, tuple)) or not all(callable(c) for c in callbacks):
-        raise ConfigError(
-            "callbacks", f"callbacks must be a list of callables, got {callbacks!r}"
-        )
+        raise ConfigError("callbacks", f"callbacks must be a list of callables, got {callbacks!r}")
     return list(callbacks)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -96,7 +96,7 @@ def plan_existing_group(
     return PlacementPlan((), "", tuple(worker_bundles))
 
 
-def current_group(layout: WorkerLayout) -> Optional[PlacementGroup]:
+def current_group(layout: WorkerLayout) -> PlacementGroup | None:
     """The placement group this process runs in, if the layout may use it."""
     if not layout.use_current_placement_group:
         return None

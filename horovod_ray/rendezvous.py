@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Sequence
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -36,7 +36,7 @@ GLOBAL_SCOPE = "global"
 class _Handler(RendezvousHandler):
     """Checks source address, path and body before horovod's store logic runs."""
 
-    server: "_Server"
+    server: _Server
 
     def _admit(self, needs_body: bool = False) -> bool:
         source = self.client_address[0]
@@ -117,8 +117,8 @@ class RendezvousServer:
         self._bind_address = bind_address
         self._allowed = tuple(allowed_sources)
         self._verbose = verbose
-        self._server: Optional[_Server] = None
-        self._thread: Optional[threading.Thread] = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:

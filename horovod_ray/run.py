@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
@@ -23,16 +23,16 @@ logger = logging.getLogger(__name__)
 
 def run(
     train_fn: Callable[..., Any],
-    args: Optional[Sequence[Any]] = None,
-    kwargs: Optional[Mapping[str, Any]] = None,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
     num_hosts: int = 1,
     num_slots: int = 1,
     cpus_per_slot: float = 1,
     use_gpu: bool = False,
     timeout_s: float = 120,
-    nics: Optional[Iterable[str]] = None,
-    env: Optional[Mapping[str, str]] = None,
-    callbacks: Optional[Sequence[Callable[[dict], None]]] = None,
+    nics: Iterable[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    callbacks: Sequence[Callable[[dict], None]] | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 

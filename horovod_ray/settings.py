@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import numbers
 import socket
-from typing import Iterable, Optional
+from typing import Iterable
 
 from horovod_ray.errors import ConfigError
 
@@ -36,7 +36,7 @@ def require_positive(name: str, value: object, *, integer: bool = False) -> None
         raise ConfigError(name, f"{name} must be > 0, got {value!r}")
 
 
-def _normalize_nics(nics: object) -> Optional[tuple[str, ...]]:
+def _normalize_nics(nics: object) -> tuple[str, ...] | None:
     if nics is None:
         return None
     if isinstance(nics, str):
@@ -93,7 +93,7 @@ class Settings:
 
     timeout_s: float = 120
     placement_group_timeout_s: float = 100
-    nics: Optional[tuple[str, ...]] = None
+    nics: tuple[str, ...] | None = None
     verbose: int = 1
 
     def __post_init__(self) -> None:
@@ -107,10 +107,10 @@ class Settings:
 def create_settings(
     timeout_s: float = 120,
     placement_group_timeout_s: float = 100,
-    nics: Optional[Iterable[str]] = None,
+    nics: Iterable[str] | None = None,
     verbose: int = 1,
-    ssh_identity_file: Optional[str] = None,
-    ssh_str: Optional[str] = None,
+    ssh_identity_file: str | None = None,
+    ssh_str: str | None = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -144,12 +144,12 @@ class WorkerLayout:
     group that already exists, where both may be None and the group's bundles decide.
     """
 
-    num_workers: Optional[int] = None
-    num_hosts: Optional[int] = None
+    num_workers: int | None = None
+    num_hosts: int | None = None
     num_workers_per_host: int = 1
     cpus_per_worker: float = 1
     use_gpu: bool = False
-    gpus_per_worker: Optional[float] = None
+    gpus_per_worker: float | None = None
     use_current_placement_group: bool = True
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ import collections
 import os
 import socket
 import threading
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping
 
 import cloudpickle
 import ray
@@ -24,19 +24,21 @@ CONTROL_GROUP = "control"
 class _LogChannel:
     """Dicts logged by user code on rank 0, waiting for the driver to collect them.
 
-    Calls are numbered; the driver's long-poll for call ``n`` returns at once when call
-    ``n`` has finished, so the last dicts never wait for the poll to time out.
+    Calls are numbered and each dict is tagged with the call that logged it, so a poll for
+    call ``n`` never returns what an earlier call left behind (those had no callbacks to
+    go to). The poll for call ``n`` returns at once when call ``n`` has finished, so the
+    last dicts never wait for the poll to time out.
     """
 
     def __init__(self) -> None:
         self._items: collections.deque = collections.deque()
         self._ready = threading.Condition()
+        self._current_call = 0
         self._finished_call = 0
 
     def begin(self, call_id: int) -> None:
         with self._ready:
-            # Dicts logged outside a call with callbacks have no one to go to.
-            self._items.clear()
+            self._current_call = call_id
 
     def end(self, call_id: int) -> None:
         with self._ready:
@@ -45,21 +47,24 @@ class _LogChannel:
 
     def put(self, item: dict) -> None:
         with self._ready:
-            self._items.append(item)
+            self._items.append((self._current_call, item))
             self._ready.notify_all()
 
     def take(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
         with self._ready:
             self._ready.wait_for(
-                lambda: self._items or self._finished_call >= call_id, timeout=timeout_s
+                lambda: (
+                    self._finished_call >= call_id or any(tag == call_id for tag, _ in self._items)
+                ),
+                timeout=timeout_s,
             )
-            items = list(self._items)
-            self._items.clear()
+            items = [item for tag, item in self._items if tag == call_id]
+            self._items = collections.deque((t, i) for t, i in self._items if t > call_id)
             return items, self._finished_call >= call_id
 
 
 # Set in a worker process once its rank is known; None in the driver and on other ranks.
-_channel: Optional[_LogChannel] = None
+_channel: _LogChannel | None = None
 
 
 def log(metrics: Mapping[str, Any]) -> None:
@@ -79,12 +84,17 @@ def log(metrics: Mapping[str, Any]) -> None:
         raise ConfigError(
             "metrics", f"log() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}"
         )
+    post(dict(metrics))
+
+
+def post(item: object) -> None:
+    """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
     channel = _channel
     if channel is not None:
-        channel.put(dict(metrics))
+        channel.put(item)
 
 
-def _interface_of(address: str) -> Optional[str]:
+def _interface_of(address: str) -> str | None:
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():

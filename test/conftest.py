@@ -46,20 +46,22 @@ def ray_4cpu() -> Iterator[None]:
     yield
 
 
-@pytest.fixture
-def ray_cluster(request) -> Iterator["ray.cluster_utils.Cluster"]:
-    """A multi-node Ray on this machine; parametrize indirectly with a list of CPU counts."""
+def start_cluster(cpus_per_node: list[int]) -> ray.cluster_utils.Cluster:
+    """Several Ray nodes (raylets, each with its own node id) on this machine."""
     from ray.cluster_utils import Cluster
 
-    cpus_per_node = getattr(request, "param", [2, 2])
     _shutdown()
     cluster = Cluster()
     for cpus in cpus_per_node:
         cluster.add_node(num_cpus=cpus)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    _current.update(kind="cluster", cluster=cluster)
-    yield cluster
+    _current.update(kind=("cluster", tuple(cpus_per_node)), cluster=cluster)
+    return cluster
+
+
+def stop_ray() -> None:
+    """Shuts down whatever Ray this process holds (a later fixture starts its own)."""
     _shutdown()
 
 

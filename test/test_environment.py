@@ -7,7 +7,6 @@ import os
 
 import pytest
 import ray
-
 from horovod.runner.http.http_server import RendezvousServer
 
 
@@ -56,7 +55,9 @@ def test_two_ray_actors_allreduce_through_horovod_gloo(ray_4cpu):
             }
             for rank in range(size)
         ]
-        results = ray.get([actor.allreduce.remote(env) for actor, env in zip(ranks, envs)])
+        results = ray.get(
+            [actor.allreduce.remote(env) for actor, env in zip(ranks, envs, strict=True)]
+        )
         assert results == [(0, 2, 3.0), (1, 2, 3.0)]
         for actor in ranks:
             ray.kill(actor)

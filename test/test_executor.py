@@ -1,0 +1,412 @@
+"""RayExecutor on a real local Ray with real Horovod + TensorFlow collectives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import ray
+
+from horovod_ray import (
+    ConfigError,
+    ExecutorState,
+    ExecutorStateError,
+    HorovodRayError,
+    PlacementTimeoutError,
+    RayExecutor,
+    WorkerFailedError,
+    log,
+)
+from test.conftest import alive_actors, live_placement_groups
+
+pytestmark = pytest.mark.timeout(180)
+
+SETTINGS = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=30)
+
+
+def horovod_identity():
+    """Inits Horovod and returns what it says about this rank, plus an allreduce."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "sum": float(total.numpy()),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
+    }
+
+
+@pytest.fixture(scope="class")
+def executor(ray_4cpu):
+    """One running 3-rank job shared by the read-only tests of this module."""
+    with RayExecutor(SETTINGS, num_workers=3) as executor:
+        yield executor
+
+
+class TestRunningJob:
+    """Read-only calls on one running 3-rank job."""
+
+    def test_ranks_env_and_allreduce_on_one_node(self, executor):
+        results = executor.run(horovod_identity)
+        assert [r["rank"] for r in results] == [0, 1, 2]
+        assert {r["size"] for r in results} == {3}
+        assert [r["local_rank"] for r in results] == [0, 1, 2]
+        assert {(r["local_size"], r["cross_rank"], r["cross_size"]) for r in results} == {(3, 0, 1)}
+        assert {r["sum"] for r in results} == {6.0}  # 1 + 2 + 3
+        env = results[1]["env"]
+        assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "3"
+        assert env["HOROVOD_HOSTNAME"] == results[1]["node_id"]
+        assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+        assert env["HOROVOD_GLOO_IFACE"] == "lo"  # the whole job is on one machine
+        assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
+        assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"])) == (
+            executor.rendezvous_address
+        )
+        assert executor.rendezvous_address[0] == "127.0.0.1"
+        assert [info.world_rank for info in executor.ranks] == [0, 1, 2]
+
+    def test_repeated_calls_reuse_the_same_workers(self, executor):
+        first = executor.run(os.getpid)
+        assert executor.run(os.getpid) == first
+        assert len(set(first)) == 3
+
+    def test_run_passes_args_and_kwargs(self, executor):
+        assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42] * 3
+
+    def test_run_remote_returns_refs_in_rank_order(self, executor):
+        refs = executor.run_remote(lambda: int(os.environ["HOROVOD_RANK"]))
+        assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
+        assert ray.get(refs) == [0, 1, 2]
+
+    def test_execute_single_runs_on_rank_zero_and_returns_a_value(self, executor):
+        assert executor.execute_single(lambda _: os.environ["HOROVOD_RANK"]) == "0"
+
+    def test_callbacks_get_rank_zero_logs_while_the_call_runs(self, executor, tmp_path):
+        marker = tmp_path / "driver-saw-step-1"
+        seen = []
+
+        def on_log(metrics):
+            seen.append(metrics)
+            if metrics.get("step") == 1:
+                marker.touch()
+
+        def train(marker_path):
+            rank = int(os.environ["HOROVOD_RANK"])
+            log({"step": 1, "rank": rank})
+            if rank != 0:
+                return None
+            # Rank 0 keeps running until the driver has handled step 1: only delivery
+            # during the call lets this finish before the deadline.
+            deadline = time.monotonic() + 60
+            while not os.path.exists(marker_path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            log({"step": 2, "rank": rank})
+            return os.path.exists(marker_path)
+
+        results = executor.run(train, args=[str(marker)], callbacks=[on_log])
+        assert results[0] is True
+        assert seen == [{"step": 1, "rank": 0}, {"step": 2, "rank": 0}]
+
+    def test_logs_outside_a_call_with_callbacks_are_dropped(self, executor):
+        executor.run(lambda: log({"stale": True}))
+        seen = []
+        executor.run(lambda: log({"fresh": True}), callbacks=[seen.append])
+        assert seen == [{"fresh": True}]
+
+    def test_bad_call_arguments_raise_config_error(self, executor):
+        with pytest.raises(ConfigError, match="fn must be callable") as info:
+            executor.execute("not a function")
+        assert info.value.parameter == "fn"
+        with pytest.raises(ConfigError) as info:
+            executor.run(len, args="abc")
+        assert info.value.parameter == "args"
+        with pytest.raises(ConfigError) as info:
+            executor.run(len, kwargs={1: 2})
+        assert info.value.parameter == "kwargs"
+        with pytest.raises(ConfigError) as info:
+            executor.run(len, callbacks=["print"])
+        assert info.value.parameter == "callbacks"
+        lock = threading.Lock()
+        with pytest.raises(ConfigError, match="cannot be pickled") as info:
+            executor.run(lambda: lock.locked())
+        assert info.value.parameter == "fn"
+        assert executor.state is ExecutorState.RUNNING
+        assert executor.run(lambda: 1) == [1, 1, 1]
+
+
+class Counter:
+    def __init__(self, start, step=1):
+        self.value = start + int(os.environ["HOROVOD_RANK"]) * step
+
+    def bump(self):
+        self.value += 1
+        return self.value
+
+
+def test_executable_cls_is_built_on_every_rank_after_the_env(ray_4cpu, no_leaks):
+    with RayExecutor(SETTINGS, num_workers=2) as executor:
+        pass
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start(executable_cls=Counter, executable_args=[10], executable_kwargs={"step": 5})
+    try:
+        assert executor.execute(lambda counter: counter.bump()) == [11, 16]
+        assert executor.execute(lambda counter: counter.value) == [11, 16]
+    finally:
+        executor.stop()
+
+
+def test_extra_env_vars_reach_every_rank(ray_4cpu, no_leaks):
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start(extra_env_vars={"MY_FLAG": "on", "HOROVOD_CYCLE_TIME": "1"})
+    try:
+        assert (
+            executor.run(lambda: (os.environ["MY_FLAG"], os.environ["HOROVOD_CYCLE_TIME"]))
+            == [("on", "1")] * 2
+        )
+    finally:
+        executor.stop()
+
+
+@pytest.mark.parametrize(
+    "kwargs,parameter",
+    [
+        ({"executable_cls": 5}, "executable_cls"),
+        ({"executable_args": "abc"}, "executable_args"),
+        ({"executable_kwargs": [1]}, "executable_kwargs"),
+        ({"extra_env_vars": {"A": 1}}, "extra_env_vars"),
+        ({"extra_env_vars": ["A=1"]}, "extra_env_vars"),
+        ({"extra_env_vars": {"HOROVOD_RANK": "3"}}, "extra_env_vars"),
+    ],
+)
+def test_bad_start_arguments_take_nothing(ray_4cpu, no_leaks, kwargs, parameter):
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    with pytest.raises(ConfigError) as info:
+        executor.start(**kwargs)
+    assert info.value.parameter == parameter
+    assert executor.state is ExecutorState.CREATED
+
+
+def test_wrong_state_calls_say_what_to_do(ray_4cpu, no_leaks):
+    executor = RayExecutor(SETTINGS, num_workers=1)
+    with pytest.raises(ExecutorStateError, match=r"call start\(\) first"):
+        executor.run(len)
+    executor.start()
+    with pytest.raises(ExecutorStateError, match="create a new RayExecutor"):
+        executor.start()
+    executor.stop()
+    executor.stop()
+    executor.shutdown()
+    assert executor.state is ExecutorState.STOPPED
+    with pytest.raises(ExecutorStateError, match="stopped; create a new RayExecutor"):
+        executor.execute(lambda _: None)
+    never_started = RayExecutor(SETTINGS, num_workers=1)
+    never_started.stop()
+    assert never_started.state is ExecutorState.STOPPED
+
+
+def test_stop_releases_workers_group_and_rendezvous(ray_4cpu, no_leaks):
+    import socket
+
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start()
+    group = executor.placement_group
+    address = executor.rendezvous_address
+    assert group.bundle_specs == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert len(alive_actors()) >= 2
+    executor.stop()
+    # stop() returns once the workers are gone: no waiting needed here.
+    assert alive_actors() == []
+    assert ray.util.placement_group_table(group)["state"] == "REMOVED"
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address, timeout=5).close()
+
+
+def test_infeasible_placement_times_out_and_leaves_nothing(ray_4cpu, no_leaks):
+    settings = RayExecutor.create_settings(placement_group_timeout_s=1)
+    executor = RayExecutor(settings, num_workers=6)
+    started = time.monotonic()
+    with pytest.raises(PlacementTimeoutError) as info:
+        executor.start()
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert "6 bundle(s)" in message and "'CPU': 1.0" in message
+    assert "Available now" in message and "placement_group_timeout_s=1s" in message
+    assert executor.state is ExecutorState.FAILED
+    assert live_placement_groups() == []
+
+
+def test_a_raising_rank_fails_the_call_and_stops_the_job(ray_4cpu, no_leaks):
+    def train():
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        if hvd.rank() == 1:
+            raise ValueError("bad batch on rank 1")
+        # Rank 0 would wait in this collective until the Gloo timeout.
+        return float(hvd.allreduce(tf.constant(1.0)))
+
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2)
+    executor.start()
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(train)
+    assert time.monotonic() - started < 60  # far below the 120 s Gloo timeout
+    assert list(info.value.failures) == [1]
+    assert "ValueError: bad batch on rank 1" in info.value.failures[1]
+    assert "in train" in info.value.failures[1]  # the traceback came along
+    assert "\x1b[" not in info.value.failures[1]
+    assert executor.state is ExecutorState.FAILED
+    executor.stop()  # safe again
+    with pytest.raises(ExecutorStateError, match="failed"):
+        executor.run(len)
+
+
+def test_a_killed_rank_fails_the_call_promptly(ray_4cpu, no_leaks):
+    def train():
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        for step in range(10_000):
+            hvd.allreduce(tf.ones(1000))
+            if step == 20 and hvd.rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return "finished"
+
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2)
+    executor.start()
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(train)
+    assert time.monotonic() - started < 60
+    assert 1 in info.value.failures
+    assert "process died" in info.value.failures[1]
+    assert executor.state is ExecutorState.FAILED
+
+
+def test_a_raising_callback_stops_the_job(ray_4cpu, no_leaks):
+    def boom(metrics):
+        raise RuntimeError("callback broke")
+
+    def train():
+        log({"x": 1})
+        time.sleep(30)
+
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start()
+    with pytest.raises(RuntimeError, match="callback broke"):
+        executor.run(train, callbacks=[boom])
+    assert executor.state is ExecutorState.FAILED
+
+
+def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
+    class Broken:
+        def __init__(self):
+            raise OSError("no dataset here")
+
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    with pytest.raises(WorkerFailedError, match="no dataset here"):
+        executor.start(executable_cls=Broken)
+    assert executor.state is ExecutorState.FAILED
+
+
+def test_fake_gpus_share_cuda_visible_devices_per_node():
+    from test.conftest import start_local_ray
+
+    start_local_ray(num_cpus=4, num_gpus=4)
+    try:
+        executor = RayExecutor(SETTINGS, num_workers=2, use_gpu=True)
+        with executor:
+            visible = executor.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+            own = executor.run(lambda: [str(g) for g in ray.get_gpu_ids()])
+        expected = ",".join(sorted({g for ids in own for g in ids}, key=int))
+        assert visible == [expected, expected]
+        assert len(expected.split(",")) == 2
+    finally:
+        start_local_ray(4)
+
+
+def test_nested_inside_an_actor_that_holds_a_placement_group(ray_4cpu, no_leaks):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.placement_group([{"CPU": 1}, {"CPU": 1}], strategy="PACK")
+    ray.get(group.ready())
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def train(self):
+            with RayExecutor(SETTINGS) as executor:
+                ranks = executor.run(horovod_identity)
+                group_id = executor.placement_group.id.hex()
+            return [r["sum"] for r in ranks], group_id
+
+    trainer = Trainer.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_capture_child_tasks=True
+        )
+    ).remote()
+    try:
+        groups_before = len(live_placement_groups())
+        sums, group_id = ray.get(trainer.train.remote())
+        assert sums == [3.0, 3.0]  # the two bundles gave two ranks
+        assert group_id == group.id.hex()
+        assert len(live_placement_groups()) == groups_before  # none created
+    finally:
+        ray.kill(trainer)
+        ray.util.remove_placement_group(group)
+
+
+def test_start_without_ray_says_to_call_ray_init(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "from horovod_ray import RayExecutor, HorovodRayError\n"
+        "import ray\n"
+        "try:\n"
+        "    RayExecutor(num_workers=1).start()\n"
+        "except HorovodRayError as err:\n"
+        "    print('ERR', err)\n"
+        "print('INIT', ray.is_initialized())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    assert "ERR Ray is not initialised: call ray.init()" in out
+    assert "INIT False" in out
+
+
+def test_start_stop_cycles_do_not_leak(ray_4cpu, no_leaks):
+    import psutil
+
+    process = psutil.Process()
+
+    def cycle():
+        with RayExecutor(SETTINGS, num_workers=2) as executor:
+            assert executor.run(lambda: 1) == [1, 1]
+
+    for _ in range(3):  # warm up Ray's own lazily created threads and sockets
+        cycle()
+    fds, threads = process.num_fds(), threading.active_count()
+    for _ in range(30):
+        cycle()
+    assert process.num_fds() <= fds + 3
+    assert threading.active_count() <= threads
+    assert alive_actors() == []
+    assert live_placement_groups() == []
+
+
+def test_errors_are_horovod_ray_errors():
+    assert issubclass(WorkerFailedError, HorovodRayError)

@@ -1,0 +1,84 @@
+"""README.rst stays true: its Python snippets and its example command run as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test.conftest import start_cluster, start_local_ray
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.rst").read_text()
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _blocks(language: str) -> list[str]:
+    pattern = rf"^\.\. code-block:: {language}\n\n((?:(?:    .*)?\n)+)"
+    blocks = re.findall(pattern, README, flags=re.MULTILINE)
+    return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]
+
+
+PYTHON = _blocks("python")
+
+
+def _run_python(code: str, env: dict | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_readme_has_the_snippets_this_test_runs():
+    assert len(PYTHON) == 3
+    assert "horovod_ray.run(allreduce_ranks" in PYTHON[0]
+    assert "RayExecutor(settings" in PYTHON[1]
+    assert 'ray.init(address="auto")' in PYTHON[2]
+
+
+def test_quickstart_run_snippet():
+    out = _run_python(PYTHON[0])
+    assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
+
+
+def test_quickstart_executor_snippet():
+    out = _run_python(PYTHON[1])
+    assert "RankInfo(world_rank=0" in out
+
+
+def test_existing_cluster_snippet():
+    cluster = start_cluster([1, 1])
+    try:
+        out = _run_python(PYTHON[2], env={"RAY_ADDRESS": cluster.address})
+    finally:
+        start_local_ray(4)
+    assert out.strip().startswith("[")
+
+
+def test_example_command_reaches_the_accuracy():
+    line = next(
+        text for text in README.splitlines() if "examples/tensorflow2_digits.py --num" in text
+    )
+    command = shlex.split(line.strip())
+    assert command[0] == ".venv/bin/python"
+    command[0] = sys.executable
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    progress = re.findall(r"^epoch +(\d+)/(\d+) +loss ([\d.]+)", result.stdout, re.MULTILINE)
+    assert [int(epoch) for epoch, _, _ in progress] == list(range(1, 16))
+    assert float(progress[-1][2]) < float(progress[0][2])  # the loss went down
+    accuracy = float(re.search(r"final held-out accuracy: ([\d.]+)", result.stdout).group(1))
+    assert accuracy > 0.9
+    assert len(re.findall(r"^rank \d: trained on", result.stdout, re.MULTILINE)) == 2

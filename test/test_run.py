@@ -1,0 +1,108 @@
+"""horovod_ray.run: one call, per-rank results in rank order, always stops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import horovod_ray
+from horovod_ray import ConfigError, WorkerFailedError
+from test.conftest import alive_actors
+from test.test_executor import horovod_identity
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_results_come_back_in_rank_order(ray_4cpu, no_leaks):
+    results = horovod_ray.run(horovod_identity, num_hosts=1, num_slots=3, timeout_s=60)
+    assert [r["rank"] for r in results] == [0, 1, 2]
+    assert {r["sum"] for r in results} == {6.0}
+    assert results[0]["env"]["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
+    assert alive_actors() == []
+
+
+def test_args_kwargs_env_and_callbacks_reach_the_ranks(ray_4cpu, no_leaks):
+    def train(base, scale=1):
+        horovod_ray.log({"rank": os.environ["HOROVOD_RANK"]})
+        return (base + int(os.environ["HOROVOD_RANK"])) * scale, os.environ["MODE"]
+
+    seen = []
+    results = horovod_ray.run(
+        train,
+        args=[10],
+        kwargs={"scale": 2},
+        num_slots=2,
+        env={"MODE": "test"},
+        callbacks=[seen.append],
+    )
+    assert results == [(20, "test"), (22, "test")]
+    assert seen == [{"rank": "0"}]
+
+
+def test_a_failure_still_stops_everything(ray_4cpu, no_leaks):
+    def train():
+        if os.environ["HOROVOD_RANK"] == "1":
+            raise KeyError("missing column")
+        return "ok"
+
+    with pytest.raises(WorkerFailedError, match="missing column") as info:
+        horovod_ray.run(train, num_slots=2)
+    assert list(info.value.failures) == [1]
+
+
+BAD_RUN_CALLS = [
+    ("run('not callable', num_slots=1)", "train_fn"),
+    ("run(len, num_slots=0)", "num_workers_per_host"),
+    ("run(len, num_hosts=0)", "num_hosts"),
+    ("run(len, cpus_per_slot=-1)", "cpus_per_worker"),
+    ("run(len, timeout_s=0)", "timeout_s"),
+    ("run(len, nics=5)", "nics"),
+    ("run(len, env={'A': 1})", "extra_env_vars"),
+    ("run(len, args=5)", "args"),
+    ("run(len, kwargs=[1])", "kwargs"),
+    ("run(len, callbacks=3)", "callbacks"),
+    ("run(lambda: lock, num_slots=1)", "train_fn"),
+]
+
+
+def test_bad_input_is_refused_before_ray_starts():
+    calls = "\n".join(
+        f"try:\n    {call}\nexcept ConfigError as err:\n    print('PARAM', err.parameter)"
+        for call, _ in BAD_RUN_CALLS
+    )
+    code = (
+        "import threading, ray\n"
+        "from horovod_ray import run, ConfigError\n"
+        "lock = threading.Lock()\n"
+        f"{calls}\n"
+        "print('RAY', ray.is_initialized())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout.split("\n")
+    assert [line.split()[1] for line in out if line.startswith("PARAM")] == [
+        parameter for _, parameter in BAD_RUN_CALLS
+    ]
+    assert "RAY False" in out
+
+
+def test_run_starts_a_local_ray_when_none_is_running():
+    code = (
+        "import ray, horovod_ray\n"
+        "print('RESULT', horovod_ray.run(lambda: 7, num_slots=2))\n"
+        "print('RAY', ray.is_initialized())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True
+    ).stdout
+    assert "RESULT [7, 7]" in out
+    assert "RAY True" in out
+
+
+def test_config_error_is_a_value_error():
+    with pytest.raises(ValueError):
+        horovod_ray.run(len, num_slots=0)
+    assert isinstance(ConfigError("x", "y"), ValueError)

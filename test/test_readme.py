@@ -42,10 +42,11 @@ def _run_python(code: str, env: dict | None = None) -> str:
 
 
 def test_readme_has_the_snippets_this_test_runs():
-    assert len(PYTHON) == 3
+    assert len(PYTHON) == 4
     assert "horovod_ray.run(allreduce_ranks" in PYTHON[0]
     assert "RayExecutor(settings" in PYTHON[1]
-    assert 'ray.init(address="auto")' in PYTHON[2]
+    assert "DistributedTrainableCreator(train" in PYTHON[2]
+    assert 'ray.init(address="auto")' in PYTHON[3]
 
 
 def test_quickstart_run_snippet():
@@ -58,13 +59,31 @@ def test_quickstart_executor_snippet():
     assert "RankInfo(world_rank=0" in out
 
 
+def test_tune_snippet():
+    out = _run_python(PYTHON[2])
+    assert "{'lr': 0.01}" in out
+
+
 def test_existing_cluster_snippet():
     cluster = start_cluster([1, 1])
     try:
-        out = _run_python(PYTHON[2], env={"RAY_ADDRESS": cluster.address})
+        out = _run_python(PYTHON[3], env={"RAY_ADDRESS": cluster.address})
     finally:
         start_local_ray(4)
     assert out.strip().startswith("[")
+
+
+def test_tune_example_command_prints_the_best_config():
+    line = next(text for text in README.splitlines() if "tune_tensorflow2_digits.py --num" in text)
+    command = shlex.split(line.strip())
+    command[0] = sys.executable
+    command += ["--epochs", "3"]  # the full run is the README's; this keeps CI short
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = re.findall(r"^ *\w+_0000\d +([\d.]+) +(\d) +([\d.]+) +([\d.]+)$", result.stdout, re.M)
+    assert len(rows) == 4
+    best = re.search(r"best config: lr=([\d.]+) +loss ([\d.]+) +accuracy ([\d.]+)", result.stdout)
+    assert float(best.group(2)) == pytest.approx(min(float(row[2]) for row in rows), abs=1e-4)
 
 
 def test_example_command_reaches_the_accuracy():

@@ -1,0 +1,283 @@
+"""Ray Tune adapter: every trial is a distributed Horovod job.
+
+``DistributedTrainableCreator(train, num_hosts, num_slots)`` turns an ordinary Tune
+function (one that calls ``ray.tune.report`` and ``ray.tune.get_checkpoint``) into a
+Trainable whose trials each run ``train`` on ``num_hosts * num_slots`` Horovod ranks.
+
+How a trial runs:
+
+* The trial reserves one bundle per host (``num_slots * num_cpus_per_slot`` CPUs, plus
+  GPUs) and an empty head bundle, so the trial's own actor takes nothing; the trial's
+  RayExecutor places its ranks inside that group.
+* On every rank, ``ray.tune.report`` and ``ray.tune.get_checkpoint`` are served by a small
+  per-process session: rank 0's reports (metrics, and the checkpoint directory packed into
+  bytes) go to the trial's actor, which reports them to Tune; other ranks' reports are
+  accepted and dropped. The restored checkpoint is unpacked on every rank.
+* The job is stopped when the trial ends for any reason (finished, stopped by a scheduler,
+  paused, failed).
+
+Checkpoints travel through Ray's object store, so they suit model states of up to a few
+hundred MB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import io
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+from typing import Any, Callable
+
+from ray import tune
+from ray.train._internal import session as train_session
+from ray.tune.trainable.function_trainable import wrap_function
+
+from horovod_ray.errors import ConfigError
+from horovod_ray.executor import RayExecutor, _pickle_fn
+from horovod_ray.settings import Settings, WorkerLayout, create_settings, require_positive
+from horovod_ray.worker import post
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DistributedTrainableCreator"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Report:
+    """One ``ray.tune.report`` from rank 0, on its way to the trial's actor."""
+
+    metrics: dict
+    checkpoint: bytes | None
+
+
+def _pack(directory: str) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        archive.add(directory, arcname=".")
+    return buffer.getvalue()
+
+
+def _unpack(data: bytes, directory: str) -> str:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
+        archive.extractall(directory, filter="data")
+    return directory
+
+
+def _pack_checkpoint(checkpoint: tune.Checkpoint | None) -> bytes | None:
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as directory:
+        return _pack(directory)
+
+
+class _RankSession:
+    """What ``ray.tune.report`` / ``get_checkpoint`` find on a rank of a trial's job.
+
+    Ray's Tune functions look up a process-wide session object; on the trial's actor that
+    is Tune's own, on the ranks it is this one.
+    """
+
+    # Tune's functions read world_rank None as "a Tune session, not a Train one".
+    world_rank = None
+
+    def __init__(self, rank: int, checkpoint: bytes | None, trial_info: dict) -> None:
+        self._rank = rank
+        self._checkpoint_bytes = checkpoint
+        self._checkpoint_dir: str | None = None
+        self.trial_name = trial_info.get("trial_name")
+        self.trial_id = trial_info.get("trial_id")
+        self.trial_resources = trial_info.get("trial_resources")
+        self.experiment_name = trial_info.get("experiment_name")
+
+    @property
+    def loaded_checkpoint(self) -> tune.Checkpoint | None:
+        if self._checkpoint_bytes is None:
+            return None
+        if self._checkpoint_dir is None:
+            directory = tempfile.mkdtemp(prefix="horovod_ray-restored-")
+            self._checkpoint_dir = _unpack(self._checkpoint_bytes, directory)
+        return tune.Checkpoint.from_directory(self._checkpoint_dir)
+
+    def report(self, metrics: dict, *, checkpoint: tune.Checkpoint | None = None) -> None:
+        if self._rank != 0:
+            return
+        # Packed now: the caller may delete the directory as soon as report returns.
+        post(_Report(dict(metrics), _pack_checkpoint(checkpoint)))
+
+    def close(self) -> None:
+        if self._checkpoint_dir is not None:
+            shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+
+
+def _rank_main(func: Callable[[dict], Any], config: dict, checkpoint, trial_info: dict) -> None:
+    session = _RankSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial_info)
+    train_session._session = session
+    try:
+        func(config)
+    finally:
+        train_session._session = None
+        session.close()
+
+
+def _forward(item: object) -> None:
+    """Runs on the trial's actor: hands one of rank 0's reports to Tune."""
+    if not isinstance(item, _Report):
+        return  # horovod_ray.log() dicts have no meaning to Tune
+    if item.checkpoint is None:
+        tune.report(item.metrics)
+        return
+    directory = tempfile.mkdtemp(prefix="horovod_ray-checkpoint-")
+    try:
+        _unpack(item.checkpoint, directory)
+        # Tune persists the checkpoint to the trial's storage before report returns.
+        tune.report(item.metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# The executors of the trials running in this process, so cleanup() can stop them while
+# the trial's thread is still waiting on its ranks.
+_active: set[RayExecutor] = set()
+_active_lock = threading.Lock()
+
+
+def _stop_active() -> None:
+    with _active_lock:
+        executors = list(_active)
+    for executor in executors:
+        executor.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrialSpec:
+    func: Callable[[dict], Any]
+    settings: Settings
+    num_hosts: int
+    num_slots: int
+    num_cpus_per_slot: float
+    use_gpu: bool
+
+
+def _run_trial(config: dict, spec: _TrialSpec) -> None:
+    """Runs on the trial's actor: one Horovod job for the trial's whole life."""
+    checkpoint = _pack_checkpoint(tune.get_checkpoint())
+    context = tune.get_context()
+    trial_info = {
+        "trial_name": context.get_trial_name(),
+        "trial_id": context.get_trial_id(),
+        "trial_resources": context.get_trial_resources(),
+        "experiment_name": context.get_experiment_name(),
+    }
+    # Inside the trial's placement group: the ranks take its bundles.
+    executor = RayExecutor(
+        spec.settings,
+        num_hosts=spec.num_hosts,
+        num_workers_per_host=spec.num_slots,
+        cpus_per_worker=spec.num_cpus_per_slot,
+        use_gpu=spec.use_gpu,
+    )
+    with _active_lock:
+        _active.add(executor)
+    try:
+        executor.start()
+        executor.run(
+            _rank_main, args=[spec.func, config, checkpoint, trial_info], callbacks=[_forward]
+        )
+    finally:
+        executor.stop()
+        with _active_lock:
+            _active.discard(executor)
+
+
+def _check_signature(func: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError) as err:
+        raise ConfigError("func", f"cannot read the signature of func: {err}") from err
+    try:
+        signature.bind({})
+    except TypeError as err:
+        raise ConfigError(
+            "func",
+            f"func must take exactly one argument, the trial's config (def train(config): "
+            f"...), got {func.__name__}{signature}",
+        ) from err
+
+
+def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovod.ray.tune
+    func: Callable[[dict], Any],
+    num_hosts: int = 1,
+    num_slots: int = 1,
+    num_cpus_per_slot: float = 1,
+    use_gpu: bool = False,
+    timeout_s: float = 120,
+) -> type[tune.Trainable]:
+    """Makes a Tune Trainable whose every trial runs ``func`` as a Horovod job.
+
+    Args:
+        func: A Tune function, ``func(config)``, that calls ``hvd.init()``, reports with
+            ``ray.tune.report(metrics, checkpoint=...)`` and resumes from
+            ``ray.tune.get_checkpoint()``. Rank 0's reports are the trial's results.
+        num_hosts: Nodes per trial (one placement bundle each; strictly spread when > 1).
+        num_slots: Ranks per node.
+        num_cpus_per_slot: CPUs each rank reserves.
+        use_gpu: Reserve one GPU per rank.
+        timeout_s: Seconds Gloo waits for peers before failing.
+
+    Returns:
+        A ``tune.Trainable`` subclass for ``tune.Tuner`` (or ``tune.run``).
+
+    Raises:
+        ConfigError: A bad argument; raised here, not inside a trial.
+    """
+    if not callable(func):
+        raise ConfigError("func", f"func must be a function taking config, got {func!r}")
+    _check_signature(func)
+    require_positive("num_hosts", num_hosts, integer=True)
+    require_positive("num_slots", num_slots, integer=True)
+    require_positive("num_cpus_per_slot", num_cpus_per_slot)
+    if not isinstance(use_gpu, bool):
+        raise ConfigError("use_gpu", f"use_gpu must be True or False, got {use_gpu!r}")
+    settings = create_settings(timeout_s=timeout_s)
+    layout = WorkerLayout(
+        num_hosts=num_hosts,
+        num_workers_per_host=num_slots,
+        cpus_per_worker=num_cpus_per_slot,
+        use_gpu=use_gpu,
+    )
+    _pickle_fn("func", func)
+
+    per_host = {name: amount * num_slots for name, amount in layout.worker_resources().items()}
+    resources = tune.PlacementGroupFactory(
+        [{}] + [dict(per_host) for _ in range(num_hosts)],
+        strategy="STRICT_SPREAD" if num_hosts > 1 else "PACK",
+    )
+
+    spec = _TrialSpec(func, settings, num_hosts, num_slots, num_cpus_per_slot, use_gpu)
+
+    def run_trial(config: dict) -> None:
+        # Only module-level names in here: Tune pickles this closure by value.
+        _run_trial(config, spec)
+
+    name = getattr(func, "__name__", "func")
+    base = wrap_function(run_trial, name=f"Horovod_{name}")
+
+    class DistributedTrainable(base):  # type: ignore[misc, valid-type]
+        """A Tune trial running ``func`` on a Horovod job (see DistributedTrainableCreator)."""
+
+        @classmethod
+        def default_resource_request(cls, config: dict) -> tune.PlacementGroupFactory:
+            return resources
+
+        def cleanup(self) -> None:
+            _stop_active()
+            super().cleanup()
+
+    DistributedTrainable.__name__ = f"DistributedTrainable_{name}"
+    DistributedTrainable.__qualname__ = DistributedTrainable.__name__
+    return DistributedTrainable

@@ -1,0 +1,212 @@
+"""The Tune adapter on real Tune runs: every trial a real 2-rank Horovod job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+
+from horovod_ray import ConfigError
+from horovod_ray.tune import DistributedTrainableCreator
+from test.conftest import alive_actors, live_placement_groups, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return hvd
+
+
+def report_ranks(config):
+    """Three reports per rank; each rank says who it is, rank 0 also when it ran."""
+    import tensorflow as tf
+
+    hvd = _hvd()
+    started = time.time()
+    for step in range(3):
+        total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+        time.sleep(config.get("sleep_s", 0))
+        tune.report(
+            {
+                "reporting_rank": hvd.rank(),
+                "size": hvd.size(),
+                "sum": total,
+                "step": step,
+                "started": started,
+                "ended": time.time(),
+            }
+        )
+
+
+def test_resource_request_is_one_bundle_per_host_and_an_empty_head():
+    trainable = DistributedTrainableCreator(report_ranks, num_hosts=1, num_slots=2)
+    request = trainable.default_resource_request({})
+    assert request.head_bundle_is_empty
+    assert request.bundles == [{"CPU": 2.0}]
+    assert request.strategy == "PACK"
+    spread = DistributedTrainableCreator(
+        report_ranks, num_hosts=3, num_slots=2, num_cpus_per_slot=0.5
+    ).default_resource_request({})
+    assert spread.bundles == [{"CPU": 1.0}] * 3
+    assert spread.strategy == "STRICT_SPREAD"
+    assert issubclass(trainable, tune.Trainable)
+
+
+def test_rank_zero_metrics_and_two_trials_at_a_time_on_four_cpus(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(report_ranks, num_hosts=1, num_slots=2)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"sleep_s": 1.0},
+        tune_config=tune.TuneConfig(num_samples=4),
+        run_config=tune.RunConfig(name="ranks", storage_path=str(tmp_path), verbose=0),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0
+    frame = results.get_dataframe()
+    assert list(frame["reporting_rank"]) == [0, 0, 0, 0]
+    assert list(frame["training_iteration"]) == [3, 3, 3, 3]
+    assert set(frame["size"]) == {2} and set(frame["sum"]) == {3.0}
+    # The trials' busy intervals: never three at once, and pairs did overlap.
+    spans = list(zip(frame["started"], frame["ended"], strict=True))
+    overlaps = [sum(start <= t < end for start, end in spans) for t, _ in spans]
+    assert max(overlaps) == 2
+    assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])
+
+
+def decreasing_loss(config):
+    import tensorflow as tf
+
+    hvd = _hvd()
+    for step in range(1, 7):
+        loss = config["scale"] / step
+        loss = float(hvd.allreduce(tf.constant(loss)))  # the ranks agree on it
+        tune.report({"loss": loss})
+
+
+def test_asha_stops_trials_early_and_releases_their_workers(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(decreasing_loss, num_hosts=1, num_slots=2)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"scale": tune.grid_search([1.0, 2.0, 4.0, 8.0])},
+        tune_config=tune.TuneConfig(
+            metric="loss",
+            mode="min",
+            scheduler=ASHAScheduler(max_t=6, grace_period=1, reduction_factor=2),
+        ),
+        run_config=tune.RunConfig(name="asha", storage_path=str(tmp_path), verbose=0),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0
+    iterations = sorted(results.get_dataframe()["training_iteration"])
+    assert iterations[0] < 6  # some trial was stopped early
+    assert iterations[-1] == 6
+    assert results.get_best_result().config["scale"] == 1.0
+    assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])
+
+
+def checkpointed_sum(config):
+    """A deterministic 'training': state += allreduce(rank + step) each step."""
+    import json
+    import tempfile
+
+    import tensorflow as tf
+
+    hvd = _hvd()
+    state, start = 0.0, 0
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            with open(os.path.join(directory, "state.json")) as handle:
+                saved = json.load(handle)
+        state, start = saved["state"], saved["step"]
+    # Every rank says which step it resumed from; rank 0 reports them all.
+    resumed = hvd.allgather(tf.constant([start])).numpy().tolist()
+    for step in range(start, config["steps"]):
+        if checkpoint is None and step == 3 and hvd.rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # die once, on the first attempt
+        state += float(hvd.allreduce(tf.constant(float(hvd.rank() + step)), op=hvd.Sum))
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "state.json"), "w") as handle:
+                json.dump({"state": state, "step": step + 1}, handle)
+            tune.report(
+                {"state": state, "resumed_from": resumed},
+                checkpoint=tune.Checkpoint.from_directory(directory),
+            )
+
+
+def test_a_killed_worker_resumes_from_checkpoint_on_every_rank(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(checkpointed_sum, num_hosts=1, num_slots=2)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"steps": 6},
+        run_config=tune.RunConfig(
+            name="resume",
+            storage_path=str(tmp_path),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=1),
+        ),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0
+    result = results[0]
+    # Uninterrupted: sum over steps of (0 + s) + (1 + s) = 2s + 1.
+    assert result.metrics["state"] == sum(2 * s + 1 for s in range(6))
+    assert result.metrics["resumed_from"] == [3, 3]  # both ranks restored step 3
+    assert result.metrics["training_iteration"] == 6
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def test_a_worker_failure_fails_the_trial_with_the_rank(ray_4cpu, tmp_path):
+    def broken(config):
+        hvd = _hvd()
+        if hvd.rank() == 1:
+            raise RuntimeError("rank one cannot read its shard")
+        tune.report({"ok": 1})
+
+    trainable = DistributedTrainableCreator(broken, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(name="broken", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 1
+    error = str(results.errors[0])
+    assert "WorkerFailedError" in error and "rank 1" in error
+    assert "rank one cannot read its shard" in error
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def _two_args(config, extra):
+    pass
+
+
+def _no_args():
+    pass
+
+
+@pytest.mark.parametrize(
+    "func,kwargs,parameter",
+    [
+        (report_ranks, {"num_hosts": 0}, "num_hosts"),
+        (report_ranks, {"num_slots": 0}, "num_slots"),
+        (report_ranks, {"num_slots": 1.5}, "num_slots"),
+        (report_ranks, {"num_cpus_per_slot": 0}, "num_cpus_per_slot"),
+        (report_ranks, {"use_gpu": "no"}, "use_gpu"),
+        (report_ranks, {"timeout_s": -1}, "timeout_s"),
+        ("report_ranks", {}, "func"),
+        (_two_args, {}, "func"),
+        (_no_args, {}, "func"),
+    ],
+)
+def test_bad_input_is_refused_at_creation(func, kwargs, parameter):
+    with pytest.raises(ConfigError) as info:
+        DistributedTrainableCreator(func, **kwargs)
+    assert info.value.parameter == parameter

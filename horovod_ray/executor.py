@@ -8,6 +8,7 @@ import logging
 import math
 import re
 import threading
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cloudpickle
@@ -22,7 +23,9 @@ from horovod_ray.errors import (
     ExecutorStateError,
     HorovodRayError,
     PlacementTimeoutError,
+    RendezvousError,
     WorkerFailedError,
+    _describe_failures,
 )
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import RendezvousServer
@@ -35,8 +38,8 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
-# After the first failure, seconds to wait for other ranks that die with it (a lost node).
-FAILURE_SETTLE_S = 0.5
+# After a failure, seconds a rank gets to answer a ping before it is taken as lost.
+LIVENESS_TIMEOUT_S = 5.0
 # Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
 LOG_POLL_S = 5.0
 
@@ -68,7 +71,9 @@ class ExecutorState(enum.Enum):
         CREATED  -> STARTING -> RUNNING -> STOPPING -> STOPPED
         CREATED  -> STOPPED                 (stop() before start())
         STARTING -> FAILED                  (start failed; everything taken was released)
-        RUNNING  -> FAILED                  (a rank failed; everything was released)
+        RUNNING  -> FAILED                  (a rank failed, or a call was aborted by
+                                             Ctrl-C or a raising callback; everything
+                                             was released)
 
     STOPPED and FAILED are final: a new job needs a new RayExecutor.
     """
@@ -318,10 +323,11 @@ class RayExecutor:
         allowed = {bind_address} | {node["node_ip"] for node in nodes}
         rendezvous = RendezvousServer(bind_address, allowed, self.settings.verbose)
         taken.rendezvous = rendezvous
-        host, port = rendezvous.start(ranks)
+        _, port = rendezvous.start(ranks)
 
         common = {
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": host,
+            # host:port/<secret>: see rendezvous.py for why the secret rides here.
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous.worker_address,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
@@ -474,14 +480,19 @@ class RayExecutor:
     ) -> list[Any]:
         with self._lock:
             self._calls_in_flight += 1
+        started = time.monotonic()
         try:
             if not callbacks:
-                try:
-                    # ray.get returns as soon as any of the refs holds an error.
-                    return ray.get(refs)
-                except ray.exceptions.RayError:
-                    self._fail(runtime, refs)
+                # ray.get returns as soon as any of the refs holds an error.
+                return ray.get(refs)
             return self._collect_with_logs(runtime, refs, callbacks, call_id)
+        except ray.exceptions.RayError:
+            self._fail(runtime, refs, time.monotonic() - started)
+        except BaseException:
+            # Ctrl-C on the driver, or a callback raised: the ranks are mid-call and
+            # cannot be left half done.
+            self._abort(runtime)
+            raise
         finally:
             with self._lock:
                 self._calls_in_flight -= 1
@@ -496,50 +507,85 @@ class RayExecutor:
         rank0 = runtime.workers[0]
         poll = rank0.next_logs.remote(call_id, LOG_POLL_S)
         pending = list(refs)
-        try:
-            while True:
-                ready, _ = ray.wait([poll, *pending], num_returns=1)
-                if ready[0] == poll:
-                    items, finished = ray.get(poll)
-                    _deliver(callbacks, items)
-                    if finished and not pending:
-                        return ray.get(refs)
-                    poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
-                    continue
-                pending = [ref for ref in pending if ref != ready[0]]
-                ray.get(ready[0])  # raises at once when that rank failed
-        except ray.exceptions.RayError:
-            self._fail(runtime, refs)
-        except BaseException:
-            # A callback raised (or the driver was interrupted): the ranks are mid-call
-            # and cannot be left half done.
-            self._abort(runtime)
-            raise
+        while True:
+            ready, _ = ray.wait([poll, *pending], num_returns=1)
+            if ready[0] == poll:
+                items, finished = ray.get(poll)
+                _deliver(callbacks, items)
+                if finished and not pending:
+                    return ray.get(refs)
+                poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
+                continue
+            pending = [ref for ref in pending if ref != ready[0]]
+            ray.get(ready[0])  # raises at once when that rank failed
 
-    def _fail(self, runtime: _Runtime, refs: list[ray.ObjectRef]) -> None:
-        """Collects which ranks failed, stops the job, raises WorkerFailedError."""
-        failed: dict[int, BaseException] = {}
+    def _fail(self, runtime: _Runtime, refs: list[ray.ObjectRef], elapsed_s: float) -> None:
+        """Works out which ranks caused a failure, stops the job, and raises.
+
+        A rank that loses a peer fails too, often before Ray reports the peer's death
+        (Gloo sees the closed socket first). So every rank is pinged: live ranks answer at
+        once, even mid-collective; dead ones fail the ping; ranks on a lost node stay
+        silent. Dead and silent ranks are the cause when there are any; otherwise it is
+        the ranks that raised.
+        """
+        # Calls go to ranks 0..len(refs)-1 in order: a ref's index is its world rank.
+        raised: dict[int, BaseException] = {}
+        lost: dict[int, str] = {}
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
-            err = _error_of(ref)
-            if err is not None:
-                failed[refs.index(ref)] = err
-        # Ranks that died with the first one (a lost node) report within moments; ranks
-        # that merely lost a peer would only fail later and are not the cause.
-        rest = [ref for ref in refs if ref not in ready]
-        if rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=FAILURE_SETTLE_S)
-            for ref in more:
-                err = _error_of(ref)
-                if isinstance(err, ray.exceptions.RayActorError):
-                    failed[refs.index(ref)] = err
-        # Workers are held in world-rank order, so a ref's index is its rank.
-        failures = {i: _describe(err, runtime.nodes[i]) for i, err in failed.items()}
+            rank, err = refs.index(ref), _error_of(ref)
+            if isinstance(err, ray.exceptions.RayActorError):
+                lost[rank] = _describe(err, runtime.nodes[rank])
+            elif err is not None:
+                raised[rank] = err
+        candidates = [rank for rank in range(len(runtime.workers)) if rank not in lost]
+        pings = [runtime.workers[rank].ping.remote() for rank in candidates]
+        _, silent = ray.wait(pings, num_returns=len(pings), timeout=LIVENESS_TIMEOUT_S)
+        for rank, ping in zip(candidates, pings, strict=True):
+            node = runtime.nodes[rank]
+            if ping in silent:
+                lost[rank] = (
+                    f"did not answer within {LIVENESS_TIMEOUT_S:g}s on node "
+                    f"{node['node_id'][:12]} ({node['node_ip']}): the node was lost or the "
+                    f"process hung"
+                )
+            elif (err := _error_of(ping)) is not None:
+                lost[rank] = _describe(err, node)
+        missing = sorted(set(range(len(runtime.workers))) - runtime.rendezvous.joined_ranks())
         self._abort(runtime)
-        first = next(iter(failed.values()), None)
-        raise WorkerFailedError(failures) from first
+        for ref in refs:
+            # Read every outcome, so Ray does not log the rest as unhandled errors.
+            _error_of(ref)
+
+        first = next(iter(raised.values()), None)
+        # Ranks that joined the rendezvous failed (raised, or crashed: horovod aborts the
+        # process on a Gloo timeout) while live ranks never joined: a rendezvous timeout.
+        stuck = [rank for rank in missing if rank not in raised and rank not in lost]
+        failed = set(raised) | set(lost)
+        if stuck and not failed & set(missing) and elapsed_s >= self.settings.timeout_s:
+            noun = "rank" if len(stuck) == 1 else "ranks"
+            seen = {**{r: _describe(e, runtime.nodes[r]) for r, e in raised.items()}, **lost}
+            raise RendezvousError(
+                f"{noun} {', '.join(map(str, stuck))} never joined the Gloo rendezvous within "
+                f"timeout_s={self.settings.timeout_s:g}s (does every rank call hvd.init()?); "
+                f"the job was stopped. The ranks that waited:\n"
+                + "\n".join(f"--- rank {r}: {text}" for r, text in sorted(seen.items()))
+            ) from first
+        if lost:
+            failures = dict(lost)
+            message = _describe_failures(failures)
+            if raised:
+                message += (
+                    f"\nRanks {', '.join(map(str, sorted(raised)))} failed after losing "
+                    f"their peers (not the cause)."
+                )
+        else:
+            failures = {rank: _describe(err, runtime.nodes[rank]) for rank, err in raised.items()}
+            message = None
+        raise WorkerFailedError(failures, message) from first
 
     def _abort(self, runtime: _Runtime) -> None:
+        """Stops a job whose call did not complete, at once; the executor ends FAILED."""
         with self._lock:
             if self._state is not ExecutorState.RUNNING:
                 return

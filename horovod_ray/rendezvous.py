@@ -7,6 +7,11 @@ server listens on every interface and serves anyone. This one, built on the same
 
 * binds one address only (loopback when the whole job is on the driver's node);
 * answers only the job's worker nodes (403 to any other source address);
+* answers only requests that carry the job's secret, made fresh when the job's server
+  starts (403 otherwise). horovod's C++ client builds its URLs as
+  ``http://ADDR:PORT/<scope>/<key>``; handing the workers ``ADDR = host:port/<secret>``
+  makes every request ``http://host:port/<secret>:PORT/<scope>/<key>``, so the secret
+  travels in the path without changing horovod;
 * rejects malformed requests (bad paths, missing or oversized bodies) with 4xx;
 * remembers which ranks ever joined the global scope, so a stuck start can name the
   missing ranks;
@@ -15,8 +20,10 @@ server listens on every interface and serves anyone. This one, built on the same
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
+import secrets
 import threading
 from typing import Iterable, Sequence
 
@@ -44,6 +51,14 @@ class _Handler(RendezvousHandler):
             logger.warning("rendezvous: refused a request from %s (not a worker node)", source)
             self.send_status_code(403)
             return False
+        prefix = self.server.path_prefix
+        presented = self.path[: len(prefix)]
+        if not hmac.compare_digest(presented.encode(), prefix.encode()):
+            logger.warning("rendezvous: refused a request from %s without the job secret", source)
+            self.send_status_code(403)
+            return False
+        # From here on horovod's handler sees the plain /<scope>/<key> path.
+        self.path = self.path[len(prefix) :]
         if _PATH.match(self.path) is None:
             self.send_status_code(400)
             return False
@@ -89,9 +104,14 @@ class _Server(RendezvousHTTPServer):
     # Request threads must never keep the driver alive or block stop().
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], allowed_sources: Iterable[str], verbose: int):
+    def __init__(
+        self, address: tuple[str, int], allowed_sources: Iterable[str], verbose: bool
+    ) -> None:
         super().__init__(address, _Handler, verbose)
         self.allowed_sources = frozenset(allowed_sources)
+        # Made per server, never at import; only the workers' environment carries it.
+        self.secret = secrets.token_urlsafe(32)
+        self.path_prefix = f"/{self.secret}:{self.server_address[1]}"
         self.joined_lock = threading.Lock()
         self.joined: set[str] = set()
 
@@ -121,6 +141,12 @@ class RendezvousServer:
         self._thread: threading.Thread | None = None
 
     @property
+    def worker_address(self) -> str:
+        """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
+        host, port = self.address
+        return f"{host}:{port}/{self._server.secret}"
+
+    @property
     def address(self) -> tuple[str, int]:
         """(host, port) the workers connect to."""
         if self._server is None:
@@ -136,7 +162,7 @@ class RendezvousServer:
                 every member has finished with it (so ``hvd.init`` may run again).
 
         Returns:
-            (host, port) to hand to the workers.
+            (host, port) it listens on; the workers need :attr:`worker_address` too.
 
         Raises:
             RendezvousError: The address could not be bound.

@@ -1,8 +1,9 @@
 """The Ray actor that hosts one Horovod rank, and ``log()`` for code running inside it.
 
 One actor per rank. Its default concurrency group runs user code one call at a time; a
-separate ``control`` group answers the driver's long-poll for ``log()`` dicts while user
-code runs, so progress reaches the driver without waiting for the call to end.
+separate ``control`` group answers the driver's long-poll for ``log()`` dicts and its
+liveness pings while user code runs, so progress reaches the driver without waiting for
+the call to end and a failure can tell dead ranks from live ones at once.
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ class Worker:
             channel.end(call_id)
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def ping(self) -> int:
+        """Answers at once, even while user code runs: proof that the process is alive."""
+        return os.getpid()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
         """Waits up to ``timeout_s`` for dicts logged during call ``call_id``.
 
@@ -171,4 +177,5 @@ def _all_interfaces() -> list[str]:
     return list(psutil.net_if_addrs())
 
 
-RemoteWorker = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(Worker)
+# Two control threads: one may sit in a log long-poll while the other answers a ping.
+RemoteWorker = ray.remote(concurrency_groups={CONTROL_GROUP: 2})(Worker)

@@ -69,6 +69,16 @@ def alive_actors() -> list:
     return ray_state.list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
 
 
+def all_actors() -> list:
+    """Every actor this cluster has had, dead ones included."""
+    return ray_state.list_actors(limit=10_000, raise_on_missing_output=False)
+
+
+def all_placement_groups() -> list:
+    """Every placement group this cluster has had, removed ones included."""
+    return ray_state.list_placement_groups(limit=10_000, raise_on_missing_output=False)
+
+
 def live_placement_groups() -> list:
     groups = ray_state.list_placement_groups(raise_on_missing_output=False)
     return [g for g in groups if g.state not in ("REMOVED",)]

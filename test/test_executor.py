@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 
@@ -15,7 +14,6 @@ from horovod_ray import (
     ExecutorState,
     ExecutorStateError,
     HorovodRayError,
-    PlacementTimeoutError,
     RayExecutor,
     WorkerFailedError,
     log,
@@ -70,9 +68,9 @@ class TestRunningJob:
         assert env["HOROVOD_CONTROLLER"] == "gloo" and env["HOROVOD_CPU_OPERATIONS"] == "gloo"
         assert env["HOROVOD_GLOO_IFACE"] == "lo"  # the whole job is on one machine
         assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "60"
-        assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"])) == (
-            executor.rendezvous_address
-        )
+        host, port = executor.rendezvous_address
+        assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"].startswith(f"{host}:{port}/")  # + secret
+        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(port)
         assert executor.rendezvous_address[0] == "127.0.0.1"
         assert [info.world_rank for info in executor.ranks] == [0, 1, 2]
 
@@ -232,20 +230,6 @@ def test_stop_releases_workers_group_and_rendezvous(ray_4cpu, no_leaks):
         socket.create_connection(address, timeout=5).close()
 
 
-def test_infeasible_placement_times_out_and_leaves_nothing(ray_4cpu, no_leaks):
-    settings = RayExecutor.create_settings(placement_group_timeout_s=1)
-    executor = RayExecutor(settings, num_workers=6)
-    started = time.monotonic()
-    with pytest.raises(PlacementTimeoutError) as info:
-        executor.start()
-    assert time.monotonic() - started < 30
-    message = str(info.value)
-    assert "6 bundle(s)" in message and "'CPU': 1.0" in message
-    assert "Available now" in message and "placement_group_timeout_s=1s" in message
-    assert executor.state is ExecutorState.FAILED
-    assert live_placement_groups() == []
-
-
 def test_a_raising_rank_fails_the_call_and_stops_the_job(ray_4cpu, no_leaks):
     def train():
         import horovod.tensorflow as hvd
@@ -271,29 +255,6 @@ def test_a_raising_rank_fails_the_call_and_stops_the_job(ray_4cpu, no_leaks):
     executor.stop()  # safe again
     with pytest.raises(ExecutorStateError, match="failed"):
         executor.run(len)
-
-
-def test_a_killed_rank_fails_the_call_promptly(ray_4cpu, no_leaks):
-    def train():
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
-
-        hvd.init()
-        for step in range(10_000):
-            hvd.allreduce(tf.ones(1000))
-            if step == 20 and hvd.rank() == 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return "finished"
-
-    executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2)
-    executor.start()
-    started = time.monotonic()
-    with pytest.raises(WorkerFailedError) as info:
-        executor.run(train)
-    assert time.monotonic() - started < 60
-    assert 1 in info.value.failures
-    assert "process died" in info.value.failures[1]
-    assert executor.state is ExecutorState.FAILED
 
 
 def test_a_raising_callback_stops_the_job(ray_4cpu, no_leaks):
@@ -386,26 +347,6 @@ def test_start_without_ray_says_to_call_ray_init(tmp_path):
     ).stdout
     assert "ERR Ray is not initialised: call ray.init()" in out
     assert "INIT False" in out
-
-
-def test_start_stop_cycles_do_not_leak(ray_4cpu, no_leaks):
-    import psutil
-
-    process = psutil.Process()
-
-    def cycle():
-        with RayExecutor(SETTINGS, num_workers=2) as executor:
-            assert executor.run(lambda: 1) == [1, 1]
-
-    for _ in range(3):  # warm up Ray's own lazily created threads and sockets
-        cycle()
-    fds, threads = process.num_fds(), threading.active_count()
-    for _ in range(30):
-        cycle()
-    assert process.num_fds() <= fds + 3
-    assert threading.active_count() <= threads
-    assert alive_actors() == []
-    assert live_placement_groups() == []
 
 
 def test_errors_are_horovod_ray_errors():

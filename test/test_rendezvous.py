@@ -23,8 +23,11 @@ def server():
     server.stop()
 
 
-def _request(server, method, path, body=None, source="127.0.0.1", headers=None):
+def _request(server, method, path, body=None, source="127.0.0.1", headers=None, secret=True):
+    """Sends a request as a worker would: with the job's secret in front of the path."""
     host, port = server.address
+    if secret:
+        path = "/" + server.worker_address.split("/", 1)[1] + f":{port}" + path
     conn = http.client.HTTPConnection(host, port, timeout=5, source_address=(source, 0))
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -68,6 +71,23 @@ def test_malformed_requests_get_4xx_and_the_server_keeps_serving(
     assert _request(server, method, path, body=body, headers=headers)[0] == status
     assert _request(server, "PUT", "/global/1", body=b"ok")[0] == 200
     assert _request(server, "GET", "/global/1") == (200, b"ok")
+
+
+def test_requests_without_the_secret_get_403(server):
+    assert _request(server, "PUT", "/global/0", body=b"x")[0] == 200
+    assert _request(server, "GET", "/global/0", secret=False)[0] == 403
+    assert _request(server, "PUT", "/global/0", body=b"evil", secret=False)[0] == 403
+    assert _request(server, "GET", "/global/0") == (200, b"x")
+
+
+def test_each_server_has_its_own_secret(server):
+    other = RendezvousServer("127.0.0.1", {"127.0.0.1"})
+    other.start(RANKS)
+    try:
+        assert other.worker_address.split("/")[1] != server.worker_address.split("/")[1]
+        assert len(server.worker_address.split("/")[1]) >= 32
+    finally:
+        other.stop()
 
 
 def test_garbage_request_line_does_not_stop_the_server(server):

@@ -1,0 +1,224 @@
+"""Faults: a job never hangs, never leaks, and says which rank failed.
+
+Each case checks the error type, what it names, that it came well before any Gloo timeout
+(generous bounds: these are not benchmarks), and that nothing is left: no alive actor or
+placement group, the rendezvous port closed, driver fds and threads back to where they were.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+import horovod_ray
+from horovod_ray import (
+    ExecutorState,
+    PlacementTimeoutError,
+    RayExecutor,
+    RendezvousError,
+    WorkerFailedError,
+    log,
+)
+from test.conftest import (
+    alive_actors,
+    live_placement_groups,
+    start_cluster,
+    start_local_ray,
+    stop_ray,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+# Far above every bound below: a test that waited for Gloo would fail on time.
+GLOO_TIMEOUT_S = 300
+SETTINGS = RayExecutor.create_settings(timeout_s=GLOO_TIMEOUT_S, placement_group_timeout_s=60)
+
+
+class Leaks:
+    """Driver-side resources before a case, to compare with after it."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.fds = self.process.num_fds()
+        self.threads = threading.active_count()
+
+    def assert_released(self, executor: RayExecutor | None = None, address=None) -> None:
+        assert wait_until(lambda: alive_actors() == []), alive_actors()
+        assert wait_until(lambda: live_placement_groups() == []), live_placement_groups()
+        if address is not None:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(address, timeout=5).close()
+        assert wait_until(lambda: threading.active_count() <= self.threads)
+        assert wait_until(lambda: self.process.num_fds() <= self.fds + 3)
+        if executor is not None:
+            assert executor.state in (ExecutorState.FAILED, ExecutorState.STOPPED)
+            executor.stop()  # safe again
+
+
+@pytest.fixture
+def local_ray():
+    start_local_ray(4)
+    # Warm Ray's own lazily created driver threads and sockets before measuring.
+    with RayExecutor(SETTINGS, num_workers=1) as executor:
+        executor.run(len, args=[()])
+    yield
+
+
+def allreduce_loop(die_rank=None, die_step=None, raise_rank=None, marker=None):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    for step in range(100_000):
+        if step == die_step and hvd.rank() == die_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step == die_step and hvd.rank() == raise_rank:
+            raise ArithmeticError(f"rank {hvd.rank()} diverged at step {step}")
+        hvd.allreduce(tf.ones(10_000))
+        if step == 5:
+            log({"step": step})
+    return "never"
+
+
+def _start(**kwargs) -> tuple[RayExecutor, tuple[str, int], list[int]]:
+    executor = RayExecutor(SETTINGS, **kwargs)
+    executor.start()
+    address = executor.rendezvous_address
+    pids = executor.run(os.getpid)
+    return executor, address, pids
+
+
+def test_sigkill_of_one_worker_mid_allreduce(local_ray):
+    leaks = Leaks()
+    executor, address, pids = _start(num_workers=3)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(allreduce_loop, kwargs={"die_rank": 2, "die_step": 30})
+    assert time.monotonic() - started < 60
+    assert list(info.value.failures) == [2]
+    assert "process died" in info.value.failures[2]
+    assert f"pid {pids[2]}" in info.value.failures[2]
+    assert wait_until(lambda: not any(psutil.pid_exists(pid) for pid in pids))
+    leaks.assert_released(executor, address)
+
+
+def test_exception_on_one_rank_does_not_leave_the_others_blocked(local_ray):
+    leaks = Leaks()
+    executor, address, pids = _start(num_workers=2)
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(allreduce_loop, kwargs={"raise_rank": 0, "die_step": 10})
+    assert time.monotonic() - started < 60
+    assert list(info.value.failures) == [0]
+    text = info.value.failures[0]
+    assert "ArithmeticError: rank 0 diverged at step 10" in text
+    assert "raise ArithmeticError" in text and "in allreduce_loop" in text  # the traceback
+    # Rank 1 was inside an allreduce that could never finish: it was stopped.
+    assert wait_until(lambda: not psutil.pid_exists(pids[1]))
+    leaks.assert_released(executor, address)
+
+
+def test_a_rank_that_never_joins_the_rendezvous(local_ray):
+    def train():
+        if os.environ["HOROVOD_RANK"] == "1":
+            time.sleep(3600)  # never reaches hvd.init()
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+
+    leaks = Leaks()
+    settings = RayExecutor.create_settings(timeout_s=5)
+    executor = RayExecutor(settings, num_workers=3)
+    executor.start()
+    address = executor.rendezvous_address
+    started = time.monotonic()
+    with pytest.raises(RendezvousError) as info:
+        executor.run(train)
+    elapsed = time.monotonic() - started
+    assert 5 <= elapsed < 90
+    assert "rank 1 never joined" in str(info.value)
+    assert "timeout_s=5" in str(info.value)
+    leaks.assert_released(executor, address)
+
+
+def test_infeasible_resources(local_ray):
+    leaks = Leaks()
+    settings = RayExecutor.create_settings(placement_group_timeout_s=2)
+    executor = RayExecutor(settings, num_workers=2, cpus_per_worker=3)
+    started = time.monotonic()
+    with pytest.raises(PlacementTimeoutError, match=r"\{'CPU': 3.0\}"):
+        executor.start()
+    assert time.monotonic() - started < 30
+    leaks.assert_released(executor)
+
+
+def test_keyboard_interrupt_in_the_driver_releases_everything(local_ray):
+    leaks = Leaks()
+    main_thread_interrupted = threading.Event()
+
+    def interrupt_once_training(metrics):
+        # Called on the driver once rank 0 is in its loop: Ctrl-C arrives now.
+        if not main_thread_interrupted.is_set():
+            main_thread_interrupted.set()
+            _thread.interrupt_main()
+
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        horovod_ray.run(
+            allreduce_loop,
+            num_slots=2,
+            timeout_s=GLOO_TIMEOUT_S,
+            callbacks=[interrupt_once_training],
+        )
+        time.sleep(30)  # only reached if run() returned; the interrupt then lands here
+    assert time.monotonic() - started < 60
+    assert main_thread_interrupted.is_set()
+    leaks.assert_released()
+
+
+def test_fifty_start_stop_cycles_do_not_grow_anything(local_ray):
+    leaks = Leaks()
+    for _ in range(50):
+        with RayExecutor(SETTINGS, num_workers=2) as executor:
+            assert executor.run(lambda: 1) == [1, 1]
+    assert executor.state is ExecutorState.STOPPED
+    leaks.assert_released()
+    assert threading.active_count() <= leaks.threads
+    assert leaks.process.num_fds() <= leaks.fds + 3
+
+
+def test_a_node_removed_mid_job_names_the_lost_ranks():
+    # A CPU-less head node, then two nodes of two CPUs: one loses both of its ranks.
+    cluster = start_cluster([0, 2, 2])
+    try:
+        executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
+        executor.start()
+        address = executor.rendezvous_address
+        doomed = executor.ranks[2].node_id
+        lost = [info.world_rank for info in executor.ranks if info.node_id == doomed]
+        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
+
+        def remove_node(metrics):
+            cluster.remove_node(node, allow_graceful=False)
+
+        started = time.monotonic()
+        with pytest.raises(WorkerFailedError) as info:
+            executor.run(allreduce_loop, callbacks=[remove_node])
+        assert time.monotonic() - started < 90, str(info.value)
+        assert sorted(info.value.failures) == lost == [2, 3], str(info.value)
+        assert all(doomed[:12] in info.value.failures[r] for r in lost), str(info.value)
+        # Ray marks the lost node's actors dead only once it declares the node dead.
+        assert wait_until(lambda: alive_actors() == [], timeout_s=90), alive_actors()
+        assert wait_until(lambda: live_placement_groups() == [], timeout_s=90)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(address, timeout=5).close()
+    finally:
+        stop_ray()

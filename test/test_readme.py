@@ -101,3 +101,11 @@ def test_example_command_reaches_the_accuracy():
     accuracy = float(re.search(r"final held-out accuracy: ([\d.]+)", result.stdout).group(1))
     assert accuracy > 0.9
     assert len(re.findall(r"^rank \d: trained on", result.stdout, re.MULTILINE)) == 2
+
+
+def test_readme_renders_without_warnings():
+    import docutils.core
+
+    docutils.core.publish_string(
+        README, writer_name="html", settings_overrides={"halt_level": 2, "report_level": 2}
+    )

@@ -1,0 +1,64 @@
+"""The same failures inside Tune trials: the trial errors with the rank named, and the
+trial's workers, rendezvous and placement are gone afterwards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from ray import tune
+
+from horovod_ray.tune import DistributedTrainableCreator
+from test.conftest import alive_actors, live_placement_groups, start_local_ray, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def killed_mid_allreduce(config):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    for step in range(1000):
+        hvd.allreduce(tf.ones(1000))
+        if step == 10 and hvd.rank() == config["victim"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if step % 5 == 0:
+            tune.report({"step": step})
+
+
+def never_joins(config):
+    if os.environ["HOROVOD_RANK"] == "1":
+        time.sleep(3600)
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    tune.report({"joined": 1})
+
+
+@pytest.mark.parametrize(
+    "func,kwargs,expected",
+    [
+        (killed_mid_allreduce, {}, ["WorkerFailedError", "rank 1 failed", "process died"]),
+        (never_joins, {"timeout_s": 5}, ["RendezvousError", "rank 1 never joined"]),
+    ],
+    ids=["sigkill", "never-joins"],
+)
+def test_trial_failures_name_the_rank_and_release_everything(tmp_path, func, kwargs, expected):
+    start_local_ray(4)
+    trainable = DistributedTrainableCreator(func, num_hosts=1, num_slots=2, **kwargs)
+    started = time.monotonic()
+    results = tune.Tuner(
+        trainable,
+        param_space={"victim": 1},
+        run_config=tune.RunConfig(name="faults", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert time.monotonic() - started < 120
+    assert results.num_errors == 1
+    error = str(results.errors[0])
+    for text in expected:
+        assert text in error
+    assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])

@@ -9,7 +9,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo lint bench bench-quick native clean
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install
@@ -21,7 +21,7 @@ $(STAMP): setup.py constraints.txt Makefile
 		protobuf pandas pyarrow
 	# horovod compiles against the TensorFlow installed above, so no build isolation.
 	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation -c constraints.txt horovod
-	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples]'
+	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples,bench]'
 	touch $(STAMP)
 
 test: install
@@ -33,6 +33,19 @@ demo: install
 lint: install
 	$(PY) -m ruff check horovod_ray test examples
 	$(PY) -m ruff format --check horovod_ray test examples
+
+# The raw Gloo ceiling for B1: Debian's libgloo-dev, built with CMake.
+native:
+	test -f /usr/include/gloo/allreduce_ring.h || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgloo-dev)
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+	cmake --build build -j$(shell nproc)
+
+bench: install native
+	$(PY) -m bench.run --mode full
+
+bench-quick: install native
+	$(PY) -m bench.run --mode quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

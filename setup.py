@@ -33,6 +33,7 @@ setup(
         "tune": ["ray[tune]>=2.60"],
         "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils"],
         "examples": ["scikit-learn"],
+        "bench": ["matplotlib"],
     },
     classifiers=[
         "Programming Language :: Python :: 3.11",

@@ -114,14 +114,16 @@ def reserve(plan: PlacementPlan, timeout_s: float) -> PlacementGroup:
     if ready:
         return group
     ray.util.remove_placement_group(group)
+    total = ray.cluster_resources()
     raise PlacementTimeoutError(
         f"Ray could not reserve {len(plan.bundles)} bundle(s) of {plan.bundles[0]} "
         f"({plan.strategy}) within placement_group_timeout_s={timeout_s:g}s. "
-        f"Available now: {_summary(ray.available_resources())}; cluster total: "
-        f"{_summary(ray.cluster_resources())}. Lower num_workers / cpus_per_worker, add "
+        f"Available now: {_summary(ray.available_resources(), total)}; cluster total: "
+        f"{_summary(total, total)}. Lower num_workers / cpus_per_worker, add "
         f"nodes, or raise placement_group_timeout_s."
     )
 
 
-def _summary(resources: dict[str, float]) -> dict[str, float]:
-    return {name: resources[name] for name in ("CPU", "GPU") if name in resources} or resources
+def _summary(resources: dict[str, float], total: dict[str, float]) -> dict[str, float]:
+    # Ray leaves out a resource that is fully used: show it as 0 rather than not at all.
+    return {name: resources.get(name, 0.0) for name in ("CPU", "GPU") if name in total}

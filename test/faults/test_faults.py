@@ -149,6 +149,14 @@ def test_a_rank_that_never_joins_the_rendezvous(local_ray):
     leaks.assert_released(executor, address)
 
 
+def test_placement_timeout_shows_fully_used_resources_as_zero(local_ray):
+    with RayExecutor(SETTINGS, num_workers=4):
+        settings = RayExecutor.create_settings(placement_group_timeout_s=1)
+        with pytest.raises(PlacementTimeoutError) as info:
+            RayExecutor(settings, num_workers=1).start()
+    assert "Available now: {'CPU': 0.0}; cluster total: {'CPU': 4.0}" in str(info.value)
+
+
 def test_infeasible_resources(local_ray):
     leaks = Leaks()
     settings = RayExecutor.create_settings(placement_group_timeout_s=2)

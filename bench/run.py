@@ -1,0 +1,532 @@
+"""Side-by-side benchmarks: horovod_ray against what a user would otherwise pick.
+
+    python -m bench.run --mode full    # make bench: >= 5 alternating repetitions
+    python -m bench.run --mode quick   # make bench-quick: fewer repetitions
+    python -m bench.run --mode smoke   # CI: smallest sizes, one repetition
+
+Every comparison runs in this one invocation, alternating the systems within each
+repetition (A, B, C, then B, C, A, ...), so that drift on a shared machine hits all of them.
+Reports the median and min-max of each figure and the median of the pairwise ratios;
+writes bench/results/latest.json and PNG plots there. What each figure means:
+docs/benchmarks.rst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+# Ray Train's HorovodTrainer is only in the v1 API; this must precede importing ray.train.
+os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+
+import ray  # noqa: E402
+
+from bench import workloads  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+GLOO_BINARY = ROOT / "build" / "gloo_allreduce"
+NUM_CPUS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    reps: int
+    b1_bytes: int
+    b1_iters: int
+    b1_warmup: int
+    b2_workers: tuple[int, ...]
+    b3_calls: int
+    b4_trials: int
+    b5_points: tuple[tuple[int, int], ...]  # (workers, nodes)
+    b5_reps: int
+
+
+MODES = {
+    "full": Mode(
+        5,
+        64 << 20,
+        60,
+        3,
+        (2, 4),
+        300,
+        8,
+        ((1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4)),
+        2,
+    ),
+    "quick": Mode(2, 64 << 20, 20, 2, (2, 4), 100, 8, ((1, 1), (2, 2), (4, 2), (8, 4)), 1),
+    "smoke": Mode(1, 1 << 20, 3, 1, (2,), 20, 2, ((1, 1), (2, 2)), 1),
+}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def summary(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": values,
+    }
+
+
+def ratio(numerators: list[float], denominators: list[float]) -> float:
+    """Median of the per-repetition ratios (the pairs ran back to back)."""
+    return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
+def alternate(systems: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
+    """Runs every system once per repetition, rotating who goes first."""
+    names = list(systems)
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            value = systems[name]()
+            runs[name].append(value)
+            print(f"  rep {rep + 1}/{reps}  {name:<22} {value:10.4f}", flush=True)
+    return runs
+
+
+# ------------------------------------------------------------------------------ systems
+
+
+def _horovodrun(args: list[str], num_workers: int) -> list[str]:
+    command = [
+        str(Path(sys.executable).parent / "horovodrun"),
+        "--gloo",
+        "-np",
+        str(num_workers),
+        "-H",
+        f"localhost:{num_workers}",
+        "--network-interface",
+        "lo",
+        sys.executable,
+        str(ROOT / "bench" / "workloads.py"),
+        *args,
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    return re.findall(r"^\[\d+\]<stdout>:(\{.*\})$", out.stdout, re.MULTILINE)
+
+
+def ensure_gloo_binary(may_install: bool) -> bool:
+    """Builds the raw Gloo benchmark (installing libgloo-dev when missing and allowed)."""
+    if GLOO_BINARY.exists():
+        return True
+    headers = Path("/usr/include/gloo/allreduce_ring.h").exists()
+    if not headers and not (may_install and shutil.which("apt-get")):
+        print("  raw Gloo skipped: libgloo-dev is not installed (make bench installs it)")
+        return False
+    if not headers:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "libgloo-dev"], env=env, check=False)
+    build = ROOT / "build"
+    for step in (
+        ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
+        ["cmake", "--build", str(build), "-j2"],
+    ):
+        if subprocess.run(step, capture_output=True, text=True).returncode != 0:
+            print(f"  could not build the raw Gloo benchmark: {' '.join(step)}", flush=True)
+            return False
+    return GLOO_BINARY.exists()
+
+
+def raw_gloo_seconds(nbytes: int, iters: int, warmup: int) -> float:
+    with tempfile.TemporaryDirectory() as store:
+        procs = [
+            subprocess.Popen(
+                [
+                    str(GLOO_BINARY),
+                    "--rank",
+                    str(rank),
+                    "--size",
+                    "2",
+                    "--store",
+                    store,
+                    "--bytes",
+                    str(nbytes),
+                    "--iters",
+                    str(iters),
+                    "--warmup",
+                    str(warmup),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for rank in (1, 0)
+        ]
+        outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    return json.loads(outputs[1])["seconds"]
+
+
+def horovod_ray_run(num_workers: int, fn, *args):
+    from horovod_ray import RayExecutor
+
+    settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
+    with RayExecutor(settings, num_workers=num_workers) as executor:
+        return executor.run(fn, args=list(args))
+
+
+def reference_run(num_workers: int, fn, *args):
+    from horovod.ray import RayExecutor as ReferenceExecutor
+
+    settings = ReferenceExecutor.create_settings(timeout_s=120)
+    executor = ReferenceExecutor(settings, num_workers=num_workers, cpus_per_worker=1)
+    executor.start()
+    try:
+        return executor.run(fn, args=list(args))
+    finally:
+        executor.shutdown()
+
+
+def horovod_trainer_first_allreduce(num_workers: int) -> None:
+    from ray.train import ScalingConfig
+    from ray.train.horovod import HorovodTrainer
+
+    def loop():
+        from ray import train
+
+        train.report({"at": workloads.first_allreduce()})
+
+    trainer = HorovodTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=num_workers, trainer_resources={"CPU": 0}),
+    )
+    result = trainer.fit()
+    return result.metrics["at"]
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+def b1(mode: Mode, may_install: bool) -> dict:
+    print("B1 allreduce throughput, 2 workers", flush=True)
+    nbytes, iters, warmup = mode.b1_bytes, mode.b1_iters, mode.b1_warmup
+    megabytes = nbytes * iters / 1e6
+
+    def mbps(seconds: float) -> float:
+        return megabytes / seconds
+
+    systems = {
+        "horovod_ray": lambda: mbps(
+            horovod_ray_run(2, workloads.allreduce_throughput, nbytes, iters, warmup)[0]
+        ),
+        "horovodrun": lambda: mbps(
+            json.loads(_horovodrun(["b1", str(nbytes), str(iters), str(warmup)], 2)[0])["seconds"]
+        ),
+        "horovod.ray": lambda: mbps(
+            reference_run(2, workloads.allreduce_throughput, nbytes, iters, warmup)[0]
+        ),
+    }
+    if ensure_gloo_binary(may_install):
+        systems["raw_gloo"] = lambda: mbps(raw_gloo_seconds(nbytes, iters, warmup))
+    runs = alternate(systems, mode.reps)
+    out = {
+        "b1_allreduce_mbps": {name: summary(values) for name, values in runs.items()},
+        "b1_ratio_vs_horovodrun": ratio(runs["horovod_ray"], runs["horovodrun"]),
+        "b1_ratio_vs_horovod_ray": ratio(runs["horovod_ray"], runs["horovod.ray"]),
+        "b1_setup": {"bytes": nbytes, "iters": iters, "warmup": warmup, "workers": 2},
+    }
+    if "raw_gloo" in runs:
+        out["b1_ratio_vs_raw_gloo"] = ratio(runs["horovod_ray"], runs["raw_gloo"])
+    return out
+
+
+def _cold(start_wall: float, finished_at: list[float]) -> float:
+    return max(finished_at) - start_wall
+
+
+def b2(mode: Mode) -> dict:
+    out: dict = {
+        "b2_cold_start_s": {},
+        "b2_ratio_vs_horovod_ray": {},
+        "b2_ratio_vs_horovod_trainer": {},
+    }
+    for workers in mode.b2_workers:
+        print(f"B2 cold start to first allreduce, {workers} workers", flush=True)
+
+        def measure(run: Callable[[], list[float]]) -> float:
+            start = time.time()
+            return _cold(start, run())
+
+        systems = {
+            "horovod_ray": lambda w=workers: measure(
+                lambda: horovod_ray_run(w, workloads.first_allreduce)
+            ),
+            "horovod.ray": lambda w=workers: measure(
+                lambda: reference_run(w, workloads.first_allreduce)
+            ),
+            "HorovodTrainer": lambda w=workers: measure(
+                lambda: [horovod_trainer_first_allreduce(w)]
+            ),
+            "horovodrun": lambda w=workers: measure(
+                lambda: [json.loads(line)["first_allreduce_at"] for line in _horovodrun(["b2"], w)]
+            ),
+        }
+        runs = alternate(systems, mode.reps)
+        key = str(workers)
+        out["b2_cold_start_s"][key] = {name: summary(values) for name, values in runs.items()}
+        out["b2_ratio_vs_horovod_ray"][key] = ratio(runs["horovod_ray"], runs["horovod.ray"])
+        out["b2_ratio_vs_horovod_trainer"][key] = ratio(runs["horovod_ray"], runs["HorovodTrainer"])
+    return out
+
+
+def b3(mode: Mode) -> dict:
+    print("B3 call overhead, 4 workers, no-op", flush=True)
+    from horovod_ray import RayExecutor
+
+    # No CPU reserved: the executor's 4 workers hold the 4 CPUs while both run.
+    @ray.remote(num_cpus=0)
+    class Bare:
+        def noop(self):
+            return None
+
+    def timed(call: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(mode.b3_calls):
+            start = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    bare = [Bare.remote() for _ in range(4)]
+    ray.get([actor.noop.remote() for actor in bare])
+    with RayExecutor(RayExecutor.create_settings(verbose=0), num_workers=4) as executor:
+        executor.execute(workloads.noop)
+        systems = {
+            "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
+            "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
+        }
+        runs = alternate(systems, mode.reps)
+    for actor in bare:
+        ray.kill(actor)
+    return {
+        "b3_call_ms": {name: summary(values) for name, values in runs.items()},
+        "b3_ratio": ratio(runs["horovod_ray"], runs["bare_ray"]),
+    }
+
+
+def b4(mode: Mode, storage: str) -> dict:
+    print(f"B4 Tune turnaround, {mode.b4_trials} trials x 2 workers on {NUM_CPUS} CPUs")
+    from ray import tune
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.horovod import HorovodTrainer
+
+    from horovod_ray.tune import DistributedTrainableCreator
+
+    def ours() -> float:
+        start = time.perf_counter()
+        results = tune.Tuner(
+            DistributedTrainableCreator(workloads.one_report_trial, num_hosts=1, num_slots=2),
+            tune_config=tune.TuneConfig(num_samples=mode.b4_trials),
+            run_config=tune.RunConfig(storage_path=storage, verbose=0),
+        ).fit()
+        assert results.num_errors == 0, results.errors
+        return time.perf_counter() - start
+
+    def trainer() -> float:
+        def loop(config):
+            from ray import train
+
+            train.report({"at": workloads.first_allreduce()})
+
+        start = time.perf_counter()
+        results = tune.Tuner(
+            HorovodTrainer(
+                loop,
+                scaling_config=ScalingConfig(num_workers=2, trainer_resources={"CPU": 0}),
+                run_config=RunConfig(storage_path=storage),
+            ),
+            tune_config=tune.TuneConfig(num_samples=mode.b4_trials),
+            run_config=tune.RunConfig(storage_path=storage, verbose=0),
+        ).fit()
+        assert results.num_errors == 0, results.errors
+        return time.perf_counter() - start
+
+    runs = alternate({"horovod_ray": ours, "HorovodTrainer": trainer}, mode.reps)
+    return {
+        "b4_tune_s": {name: summary(values) for name, values in runs.items()},
+        "b4_ratio": ratio(runs["horovod_ray"], runs["HorovodTrainer"]),
+    }
+
+
+def b5(mode: Mode) -> dict:
+    from ray.cluster_utils import Cluster
+
+    print("B5 scaling: cold start + first allreduce over simulated nodes", flush=True)
+    out: dict = {}
+    for workers, nodes in mode.b5_points:
+        ray.shutdown()
+        cluster = Cluster()
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=workers // nodes)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            values = []
+            for _ in range(mode.b5_reps):
+                start = time.time()
+                from horovod_ray import RayExecutor
+
+                settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
+                with RayExecutor(
+                    settings, num_hosts=nodes, num_workers_per_host=workers // nodes
+                ) as executor:
+                    values.append(_cold(start, executor.run(workloads.first_allreduce)))
+            out[f"{workers}x{nodes}"] = {"workers": workers, "nodes": nodes, **summary(values)}
+            print(f"  {workers} workers on {nodes} nodes: {statistics.median(values):.2f}s")
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+    return {"b5_cold_start_s": out}
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def print_table(results: dict) -> None:
+    def row(name: str, s: dict, unit: str) -> str:
+        return f"  {name:<18} {s['median']:10.3f} {unit:<5} ({s['min']:.3f} - {s['max']:.3f})"
+
+    print("\n== results (median, min - max) ==")
+    if "b1_allreduce_mbps" in results:
+        print("B1 allreduce throughput")
+        for name, s in results["b1_allreduce_mbps"].items():
+            print(row(name, s, "MB/s"))
+        for key in ("b1_ratio_vs_horovodrun", "b1_ratio_vs_raw_gloo", "b1_ratio_vs_horovod_ray"):
+            if key in results:
+                print(f"  {key:<32} {results[key]:.3f}")
+    for workers, systems in results.get("b2_cold_start_s", {}).items():
+        print(f"B2 cold start, {workers} workers")
+        for name, s in systems.items():
+            print(row(name, s, "s"))
+        print(
+            f"  ratio vs horovod.ray {results['b2_ratio_vs_horovod_ray'][workers]:.3f}"
+            f"  vs HorovodTrainer {results['b2_ratio_vs_horovod_trainer'][workers]:.3f}"
+        )
+    if "b3_call_ms" in results:
+        print("B3 no-op call, 4 workers")
+        for name, s in results["b3_call_ms"].items():
+            print(row(name, s, "ms"))
+        print(f"  b3_ratio {results['b3_ratio']:.3f}")
+    if "b4_tune_s" in results:
+        print("B4 Tune turnaround")
+        for name, s in results["b4_tune_s"].items():
+            print(row(name, s, "s"))
+        print(f"  b4_ratio {results['b4_ratio']:.3f}")
+    for point, s in results.get("b5_cold_start_s", {}).items():
+        print(f"B5 {point:<6} {s['median']:.2f}s")
+
+
+def plot(results: dict, directory: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def bars(title: str, data: dict, unit: str, name: str) -> None:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        labels = list(data)
+        medians = [data[k]["median"] for k in labels]
+        errors = [
+            [m - data[k]["min"] for k, m in zip(labels, medians, strict=True)],
+            [data[k]["max"] - m for k, m in zip(labels, medians, strict=True)],
+        ]
+        ax.bar(labels, medians, yerr=errors, capsize=4, color="#4c72b0")
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+        fig.tight_layout()
+        fig.savefig(directory / name, dpi=100)
+        plt.close(fig)
+        written.append(name)
+
+    if "b1_allreduce_mbps" in results:
+        bars("B1 allreduce, 2 workers", results["b1_allreduce_mbps"], "MB/s", "b1_allreduce.png")
+    for workers, systems in results.get("b2_cold_start_s", {}).items():
+        bars(f"B2 cold start, {workers} workers", systems, "seconds", f"b2_cold_{workers}.png")
+    if "b4_tune_s" in results:
+        bars("B4 Tune turnaround", results["b4_tune_s"], "seconds", "b4_tune.png")
+    if results.get("b5_cold_start_s"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        by_nodes: dict[int, list[tuple[int, float]]] = {}
+        for s in results["b5_cold_start_s"].values():
+            by_nodes.setdefault(s["nodes"], []).append((s["workers"], s["median"]))
+        for nodes, points in sorted(by_nodes.items()):
+            points.sort()
+            ax.plot(
+                [p[0] for p in points], [p[1] for p in points], marker="o", label=f"{nodes} node(s)"
+            )
+        ax.set_xlabel("workers")
+        ax.set_ylabel("cold start + first allreduce (s)")
+        ax.set_title("B5 scaling")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(directory / "b5_scaling.png", dpi=100)
+        plt.close(fig)
+        written.append("b5_scaling.png")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(MODES), default="quick")
+    parser.add_argument("--only", default="b1,b2,b3,b4,b5", help="comma-separated subset")
+    parser.add_argument("--out", default=str(RESULTS / "latest.json"))
+    args = parser.parse_args(argv)
+    mode = MODES[args.mode]
+    only = set(args.only.split(","))
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    results: dict = {
+        "mode": args.mode,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    started = time.perf_counter()
+    ray.init(num_cpus=NUM_CPUS, log_to_driver=False, include_dashboard=False)
+    with tempfile.TemporaryDirectory() as storage:
+        if "b3" in only:
+            results.update(b3(mode))
+        if "b1" in only:
+            results.update(b1(mode, may_install=args.mode != "smoke"))
+        if "b2" in only:
+            results.update(b2(mode))
+        if "b4" in only:
+            results.update(b4(mode, storage))
+    if "b5" in only:
+        results.update(b5(mode))
+    ray.shutdown()
+    results["wall_s"] = time.perf_counter() - started
+    results["plots"] = plot(results, out_path.parent)
+    out_path.write_text(json.dumps(results, indent=2))
+    print_table(results)
+    print(f"\nwrote {out_path} and {len(results['plots'])} plot(s) in {results['wall_s']:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The work every system does in the benchmarks: the same functions, the same data.
+
+Each function runs on one Horovod rank, whatever started it (horovod_ray, horovod.ray,
+Ray Train, horovodrun). Run as a script, this file is what ``horovodrun`` launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def allreduce_throughput(nbytes: int, iters: int, warmup: int) -> float:
+    """B1: seconds for ``iters`` float32 sum-allreduces of ``nbytes``, after a warm-up."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    data = tf.ones(nbytes // 4, dtype=tf.float32)
+    for _ in range(warmup):
+        hvd.allreduce(data, op=hvd.Sum).numpy()
+    hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()  # all ranks start together
+    start = time.perf_counter()
+    for _ in range(iters):
+        result = hvd.allreduce(data, op=hvd.Sum)
+    result.numpy()
+    return time.perf_counter() - start
+
+
+def first_allreduce() -> float:
+    """B2: imports the framework, joins Horovod, does one allreduce; returns wall time."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
+    return time.time()
+
+
+def noop(*_args) -> None:
+    """B3: nothing, to measure the cost of a call itself."""
+    return None
+
+
+def one_report_trial(config: dict) -> None:
+    """B4: a Tune trial that does one allreduce and reports once."""
+    from ray import tune
+
+    first_allreduce()
+    tune.report({"done_at": time.time()})
+
+
+def _main(argv: list[str]) -> int:
+    """Entry point under horovodrun: ``workloads.py b1 BYTES ITERS WARMUP`` or ``b2``."""
+    if argv[0] == "b1":
+        seconds = allreduce_throughput(int(argv[1]), int(argv[2]), int(argv[3]))
+        if os.environ.get("HOROVOD_RANK", "0") == "0":
+            print(json.dumps({"seconds": seconds}), flush=True)
+    elif argv[0] == "b2":
+        print(json.dumps({"first_allreduce_at": first_allreduce()}), flush=True)
+    else:
+        raise SystemExit(f"unknown workload {argv[0]!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

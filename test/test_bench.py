@@ -1,0 +1,59 @@
+"""One smoke pass of the benchmark runner (smallest sizes, one repetition), so it does not
+rot. It checks only that every figure was produced: timings are never asserted here."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return [value] if isinstance(value, (int, float)) else []
+
+
+def test_smoke_pass_produces_every_figure(tmp_path):
+    out = tmp_path / "latest.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--mode", "smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    for key in (
+        "b1_allreduce_mbps",
+        "b1_ratio_vs_horovodrun",
+        "b2_cold_start_s",
+        "b2_ratio_vs_horovod_ray",
+        "b2_ratio_vs_horovod_trainer",
+        "b3_ratio",
+        "b4_ratio",
+        "b5_cold_start_s",
+    ):
+        numbers = _numbers(figures[key])
+        assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key
+    assert set(figures["b1_allreduce_mbps"]) >= {"horovod_ray", "horovodrun", "horovod.ray"}
+    assert set(figures["b2_cold_start_s"]["2"]) == {
+        "horovod_ray",
+        "horovod.ray",
+        "HorovodTrainer",
+        "horovodrun",
+    }
+    for plot in figures["plots"]:
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "== results" in result.stdout

@@ -53,6 +53,7 @@ class Mode:
     b2_workers: tuple[int, ...]
     b3_calls: int
     b4_trials: int
+    b4_reps: int  # each repetition is two whole Tune runs; see docs/benchmarks.rst
     b5_points: tuple[tuple[int, int], ...]  # (workers, nodes)
     b5_reps: int
 
@@ -360,7 +361,7 @@ def b4(mode: Mode, storage: str) -> dict:
         assert results.num_errors == 0, results.errors
         return time.perf_counter() - start
 
-    runs = alternate({"horovod_ray": ours, "HorovodTrainer": trainer}, mode.reps)
+    runs = alternate({"horovod_ray": ours, "HorovodTrainer": trainer}, mode.b4_reps)
     return {
         "b4_tune_s": {name: summary(values) for name, values in runs.items()},
         "b4_ratio": ratio(runs["horovod_ray"], runs["HorovodTrainer"]),

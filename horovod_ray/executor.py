@@ -30,7 +30,7 @@ from horovod_ray.errors import (
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import RendezvousServer
 from horovod_ray.settings import Settings, WorkerLayout, create_settings
-from horovod_ray.worker import RemoteWorker
+from horovod_ray.worker import FnArg, RemoteWorker
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ STOP_GRACE_S = 5.0
 STOP_CONFIRM_S = 10.0
 # After a failure, seconds a rank gets to answer a ping before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0
+# Distinct functions each job keeps unpickled on its ranks (see RayExecutor._fn_arg).
+FN_CACHE_SIZE = 256
 # Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
 LOG_POLL_S = 5.0
 
@@ -172,6 +174,7 @@ class RayExecutor:
         self._runtime: _Runtime | None = None
         self._calls_in_flight = 0
         self._call_id = 0
+        self._fn_keys: dict[bytes, int] = {}
 
     # ----------------------------------------------------------------- introspection
 
@@ -407,7 +410,8 @@ class RayExecutor:
         callbacks = _check_callbacks(callbacks)
         runtime = self._running("execute")
         call_id = self._next_call_id()
-        refs = [w.execute.remote(payload, call_id) for w in runtime.workers]
+        fn_arg = self._fn_arg(payload)
+        refs = [w.execute.remote(fn_arg, call_id) for w in runtime.workers]
         return self._collect(runtime, refs, callbacks, call_id)
 
     def run(
@@ -430,7 +434,8 @@ class RayExecutor:
         callbacks = _check_callbacks(callbacks)
         runtime = self._running("run")
         call_id = self._next_call_id()
-        refs = [w.run.remote(payload, call_args, call_id) for w in runtime.workers]
+        fn_arg = self._fn_arg(payload)
+        refs = [w.run.remote(fn_arg, call_args, call_id) for w in runtime.workers]
         return self._collect(runtime, refs, callbacks, call_id)
 
     def run_remote(
@@ -449,7 +454,8 @@ class RayExecutor:
         call_args = _pickle_args(_as_tuple("args", args), _as_kwargs("kwargs", kwargs))
         runtime = self._running("run_remote")
         call_id = self._next_call_id()
-        return [w.run.remote(payload, call_args, call_id) for w in runtime.workers]
+        fn_arg = self._fn_arg(payload)
+        return [w.run.remote(fn_arg, call_args, call_id) for w in runtime.workers]
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Runs ``fn(executable)`` on rank 0 only.
@@ -465,6 +471,23 @@ class RayExecutor:
         call_id = self._next_call_id()
         ref = runtime.workers[0].execute.remote(payload, call_id)
         return self._collect(runtime, [ref], [], call_id)[0]
+
+    def _fn_arg(self, payload: bytes) -> FnArg:
+        """What to send for a function that goes to every rank.
+
+        A function sent before goes as its small integer key: Ray passes an int faster
+        than a byte string, and the ranks keep what they unpickled (B3 in
+        docs/benchmarks.rst). The first time it goes as (key, payload); past
+        FN_CACHE_SIZE functions, as bare payloads, uncached.
+        """
+        with self._lock:
+            key = self._fn_keys.get(payload)
+            if key is not None:
+                return key
+            if len(self._fn_keys) >= FN_CACHE_SIZE:
+                return payload
+            key = self._fn_keys[payload] = len(self._fn_keys) + 1
+            return (key, payload)
 
     def _next_call_id(self) -> int:
         with self._lock:

@@ -12,7 +12,7 @@ import collections
 import os
 import socket
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Union
 
 import cloudpickle
 import ray
@@ -20,6 +20,10 @@ import ray
 from horovod_ray.errors import ConfigError
 
 CONTROL_GROUP = "control"
+
+# How a function travels to a rank: a key it has seen, (key, payload) to keep, or a
+# payload to use once.
+FnArg = Union[int, tuple[int, bytes], bytes]
 
 
 class _LogChannel:
@@ -109,6 +113,16 @@ class Worker:
 
     def __init__(self) -> None:
         self._executable: Any = None
+        self._functions: dict[int, Callable[..., Any]] = {}
+
+    def _function(self, fn_arg: FnArg) -> Callable[..., Any]:
+        if isinstance(fn_arg, int):
+            return self._functions[fn_arg]
+        if isinstance(fn_arg, tuple):
+            key, payload = fn_arg
+            fn = self._functions[key] = cloudpickle.loads(payload)
+            return fn
+        return cloudpickle.loads(fn_arg)
 
     def node_info(self) -> dict[str, Any]:
         """Where this worker runs: node id and IP, its GPUs, and network interfaces."""
@@ -134,12 +148,11 @@ class Worker:
         """Builds the object that ``execute`` hands to user functions."""
         self._executable = cls(*args, **kwargs)
 
-    def execute(self, fn_payload: bytes, call_id: int) -> Any:
-        fn = cloudpickle.loads(fn_payload)
-        return self._call(call_id, fn, self._executable)
+    def execute(self, fn_arg: FnArg, call_id: int) -> Any:
+        return self._call(call_id, self._function(fn_arg), self._executable)
 
-    def run(self, fn_payload: bytes, args_payload: bytes, call_id: int) -> Any:
-        fn = cloudpickle.loads(fn_payload)
+    def run(self, fn_arg: FnArg, args_payload: bytes, call_id: int) -> Any:
+        fn = self._function(fn_arg)
         args, kwargs = cloudpickle.loads(args_payload)
         return self._call(call_id, fn, *args, **kwargs)
 

@@ -79,6 +79,22 @@ class TestRunningJob:
         assert executor.run(os.getpid) == first
         assert len(set(first)) == 3
 
+    def test_functions_are_kept_on_the_ranks_without_mixing_them_up(self, executor, monkeypatch):
+        from horovod_ray import executor as executor_module
+
+        def make(value):
+            return lambda _: value
+
+        first, second = make("first"), make("second")  # same code, different captures
+        for _ in range(2):
+            assert executor.execute(first) == ["first"] * 3
+            assert executor.execute_single(second) == "second"  # rank 0 only
+            assert executor.execute(second) == ["second"] * 3
+        # Past the cache size, functions still run, sent whole each time.
+        monkeypatch.setattr(executor_module, "FN_CACHE_SIZE", 0)
+        assert executor.execute(make("third")) == ["third"] * 3
+        assert executor.execute(first) == ["first"] * 3
+
     def test_run_passes_args_and_kwargs(self, executor):
         assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42] * 3
 

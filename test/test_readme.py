@@ -103,9 +103,12 @@ def test_example_command_reaches_the_accuracy():
     assert len(re.findall(r"^rank \d: trained on", result.stdout, re.MULTILINE)) == 2
 
 
-def test_readme_renders_without_warnings():
+@pytest.mark.parametrize("path", ["README.rst", "docs/benchmarks.rst"])
+def test_docs_render_without_warnings(path):
     import docutils.core
 
     docutils.core.publish_string(
-        README, writer_name="html", settings_overrides={"halt_level": 2, "report_level": 2}
+        (ROOT / path).read_text(),
+        writer_name="html",
+        settings_overrides={"halt_level": 2, "report_level": 2},
     )

@@ -131,7 +131,7 @@ def checkpointed_sum(config):
     # Every rank says which step it resumed from; rank 0 reports them all.
     resumed = hvd.allgather(tf.constant([start])).numpy().tolist()
     for step in range(start, config["steps"]):
-        if checkpoint is None and step == 3 and hvd.rank() == 1:
+        if config.get("die_once") and checkpoint is None and step == 3 and hvd.rank() == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # die once, on the first attempt
         state += float(hvd.allreduce(tf.constant(float(hvd.rank() + step)), op=hvd.Sum))
         with tempfile.TemporaryDirectory() as directory:
@@ -147,7 +147,7 @@ def test_a_killed_worker_resumes_from_checkpoint_on_every_rank(ray_4cpu, tmp_pat
     trainable = DistributedTrainableCreator(checkpointed_sum, num_hosts=1, num_slots=2)
     tuner = tune.Tuner(
         trainable,
-        param_space={"steps": 6},
+        param_space={"steps": 6, "die_once": True},
         run_config=tune.RunConfig(
             name="resume",
             storage_path=str(tmp_path),
@@ -210,3 +210,43 @@ def test_bad_input_is_refused_at_creation(func, kwargs, parameter):
     with pytest.raises(ConfigError) as info:
         DistributedTrainableCreator(func, **kwargs)
     assert info.value.parameter == parameter
+
+
+def test_legacy_tune_run_still_works(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(report_ranks, num_hosts=1, num_slots=2)
+    analysis = tune.run(trainable, config={}, storage_path=str(tmp_path), verbose=0)
+    result = analysis.trials[0].last_result
+    assert (result["reporting_rank"], result["sum"], result["training_iteration"]) == (0, 3.0, 3)
+
+
+def test_pbt_exploits_restore_checkpoints_on_every_rank(ray_4cpu, tmp_path):
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    trainable = DistributedTrainableCreator(checkpointed_sum, num_hosts=1, num_slots=2)
+    scheduler = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        hyperparam_mutations={"unused": [1, 2]},
+        quantile_fraction=0.5,  # of two trials, the lower one is exploited
+        synch=True,  # at every interval, so that it happens for certain
+        metric="state",
+        mode="max",
+    )
+    results = tune.Tuner(
+        trainable,
+        param_space={"steps": 6, "unused": tune.choice([1, 2])},
+        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler),
+        run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 0
+    # Every trial ran to the end with the right state, whether or not it was exploited;
+    # ranks of a restored trial agree on the step they resumed from.
+    resumed = []
+    for result in results:
+        assert result.metrics["state"] == sum(2 * s + 1 for s in range(6))
+        first, second = result.metrics["resumed_from"]
+        assert first == second
+        resumed.append(first)
+    assert max(resumed) > 0  # a trial was paused and restored from a checkpoint
+    assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])

@@ -234,12 +234,23 @@ class RayExecutor:
             PlacementTimeoutError: Ray could not place the ranks in time.
             WorkerFailedError: ``executable_cls`` raised on some rank.
         """
+        with self._lock:
+            if self._state is not ExecutorState.CREATED:
+                raise ExecutorStateError(
+                    f"start() needs a new executor, this one is {self._state.value}; "
+                    f"create a new RayExecutor"
+                )
         if executable_cls is not None and not callable(executable_cls):
             raise ConfigError(
                 "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
             )
         args = _as_tuple("executable_args", executable_args)
         kwargs = _as_kwargs("executable_kwargs", executable_kwargs)
+        executable = (
+            None
+            if executable_cls is None
+            else _pickle("executable_cls", (executable_cls, args, kwargs))
+        )
         env = _check_env(extra_env_vars)
         require_gloo()
         if not ray.is_initialized():
@@ -255,15 +266,12 @@ class RayExecutor:
             plan = placement.plan_existing_group(self.layout, group.bundle_specs)
         with self._lock:
             if self._state is not ExecutorState.CREATED:
-                raise ExecutorStateError(
-                    f"start() needs a new executor, this one is {self._state.value}; "
-                    f"create a new RayExecutor"
-                )
+                raise ExecutorStateError("start() raced with another start() or stop()")
             self._state = ExecutorState.STARTING
 
         taken = _Resources()
         try:
-            runtime = self._start(plan, group, taken, executable_cls, args, kwargs, env)
+            runtime = self._start(plan, group, taken, executable, env)
         except BaseException as err:
             _release(taken.workers, taken.rendezvous, taken.group, taken.owns_group, grace_s=0)
             with self._lock:
@@ -281,9 +289,7 @@ class RayExecutor:
         plan: placement.PlacementPlan,
         group: PlacementGroup | None,
         taken: _Resources,
-        executable_cls: Callable[..., Any] | None,
-        args: tuple,
-        kwargs: dict,
+        executable: bytes | None,
         extra_env: dict[str, str],
     ) -> _Runtime:
         timeout_s = self.settings.placement_group_timeout_s
@@ -342,8 +348,8 @@ class RayExecutor:
             env.update(extra_env)
             setups.append(worker.setup.remote(env, rank.world_rank == 0))
         _get_all(setups, what="set up its environment")
-        if executable_cls is not None:
-            refs = [w.start_executable.remote(executable_cls, args, kwargs) for w in workers]
+        if executable is not None:
+            refs = [w.start_executable.remote(executable) for w in workers]
             _get_all(refs, what="build executable_cls", nodes=nodes)
         return _Runtime(workers, ranks, nodes, rendezvous, group, taken.owns_group)
 

@@ -144,8 +144,9 @@ class Worker:
         os.environ.update(env)
         _channel = _LogChannel() if is_log_rank else None
 
-    def start_executable(self, cls: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+    def start_executable(self, payload: bytes) -> None:
         """Builds the object that ``execute`` hands to user functions."""
+        cls, args, kwargs = cloudpickle.loads(payload)
         self._executable = cls(*args, **kwargs)
 
     def execute(self, fn_arg: FnArg, call_id: int) -> Any:

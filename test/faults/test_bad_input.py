@@ -74,6 +74,10 @@ CASES = {
         lambda: _executor(num_workers=1).start(executable_args="ab"),
         "executable_args",
     ),
+    "start executable args unpicklable": (
+        lambda: _executor(num_workers=1).start(executable_cls=dict, executable_args=[_LOCK]),
+        "executable_cls",
+    ),
     "start env int value": (
         lambda: _executor(num_workers=1).start(extra_env_vars={"A": 1}),
         "extra_env_vars",

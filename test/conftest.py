@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from typing import Iterator
 
@@ -63,6 +65,15 @@ def start_cluster(cpus_per_node: list[int]) -> ray.cluster_utils.Cluster:
 def stop_ray() -> None:
     """Shuts down whatever Ray this process holds (a later fixture starts its own)."""
     _shutdown()
+
+
+def run_fresh_python(code: str, timeout_s: float = 180) -> str:
+    """Runs ``code`` in a new interpreter (no Ray of ours in it); returns its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def alive_actors() -> list:

@@ -18,7 +18,7 @@ from horovod_ray import (
     WorkerFailedError,
     log,
 )
-from test.conftest import alive_actors, live_placement_groups
+from test.conftest import alive_actors, live_placement_groups, run_fresh_python
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -345,10 +345,7 @@ def test_nested_inside_an_actor_that_holds_a_placement_group(ray_4cpu, no_leaks)
         ray.util.remove_placement_group(group)
 
 
-def test_start_without_ray_says_to_call_ray_init(tmp_path):
-    import subprocess
-    import sys
-
+def test_start_without_ray_says_to_call_ray_init():
     code = (
         "from horovod_ray import RayExecutor, HorovodRayError\n"
         "import ray\n"
@@ -358,9 +355,7 @@ def test_start_without_ray_says_to_call_ray_init(tmp_path):
         "    print('ERR', err)\n"
         "print('INIT', ray.is_initialized())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+    out = run_fresh_python(code, timeout_s=120)
     assert "ERR Ray is not initialised: call ray.init()" in out
     assert "INIT False" in out
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 import horovod_ray
 from horovod_ray import ConfigError, WorkerFailedError
-from test.conftest import alive_actors
+from test.conftest import alive_actors, run_fresh_python
 from test.test_executor import horovod_identity
 
 pytestmark = pytest.mark.timeout(180)
@@ -80,9 +78,7 @@ def test_bad_input_is_refused_before_ray_starts():
         f"{calls}\n"
         "print('RAY', ray.is_initialized())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    ).stdout.split("\n")
+    out = run_fresh_python(code, timeout_s=120).split("\n")
     assert [line.split()[1] for line in out if line.startswith("PARAM")] == [
         parameter for _, parameter in BAD_RUN_CALLS
     ]
@@ -95,9 +91,7 @@ def test_run_starts_a_local_ray_when_none_is_running():
         "print('RESULT', horovod_ray.run(lambda: 7, num_slots=2))\n"
         "print('RAY', ray.is_initialized())\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True
-    ).stdout
+    out = run_fresh_python(code, timeout_s=180)
     assert "RESULT [7, 7]" in out
     assert "RAY True" in out
 

@@ -7,13 +7,11 @@ import http.client
 import importlib
 import logging
 import os
-import subprocess
-import sys
 
 import pytest
 
 from horovod_ray import RayExecutor
-from test.conftest import start_local_ray
+from test.conftest import run_fresh_python, start_local_ray
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,9 +64,7 @@ def test_the_secret_is_not_made_at_import_time():
         "server = RendezvousServer('127.0.0.1', {'127.0.0.1'})\n"
         "print('AFTER_INIT', len(calls))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
+    out = run_fresh_python(code, timeout_s=120)
     assert "CALLS 0" in out
     assert "AFTER_INIT 0" in out  # made only when a job's server starts
 

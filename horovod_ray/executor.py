@@ -40,6 +40,8 @@ STOP_GRACE_S = 5.0
 STOP_CONFIRM_S = 10.0
 # After a failure, seconds a rank gets to answer a ping before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0
+# After a rank is found lost, seconds before ranks that raised are asked again.
+LOST_RECHECK_S = 1.0
 # Distinct functions each job keeps unpickled on its ranks (see RayExecutor._fn_arg).
 FN_CACHE_SIZE = 256
 # Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
@@ -560,6 +562,7 @@ class RayExecutor:
         # Calls go to ranks 0..len(refs)-1 in order: a ref's index is its world rank.
         raised: dict[int, BaseException] = {}
         lost: dict[int, str] = {}
+        # What had failed when the first failure was seen: the candidates for the cause.
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             rank, err = refs.index(ref), _error_of(ref)
@@ -567,19 +570,15 @@ class RayExecutor:
                 lost[rank] = _describe(err, runtime.nodes[rank])
             elif err is not None:
                 raised[rank] = err
-        candidates = [rank for rank in range(len(runtime.workers)) if rank not in lost]
-        pings = [runtime.workers[rank].ping.remote() for rank in candidates]
-        _, silent = ray.wait(pings, num_returns=len(pings), timeout=LIVENESS_TIMEOUT_S)
-        for rank, ping in zip(candidates, pings, strict=True):
-            node = runtime.nodes[rank]
-            if ping in silent:
-                lost[rank] = (
-                    f"did not answer within {LIVENESS_TIMEOUT_S:g}s on node "
-                    f"{node['node_id'][:12]} ({node['node_ip']}): the node was lost or the "
-                    f"process hung"
-                )
-            elif (err := _error_of(ping)) is not None:
-                lost[rank] = _describe(err, node)
+        n = len(runtime.workers)
+        self._find_lost(runtime, [r for r in range(n) if r not in lost], lost, refs)
+        if lost and len(lost) < n:
+            # A lost node's processes do not all die at the same instant: a rank there may
+            # still answer, or raise because its peer went first. Ask once more.
+            time.sleep(LOST_RECHECK_S)
+            self._find_lost(runtime, [r for r in range(n) if r not in lost], lost, refs)
+        for rank in lost:
+            raised.pop(rank, None)
         missing = sorted(set(range(len(runtime.workers))) - runtime.rendezvous.joined_ranks())
         self._abort(runtime)
         for ref in refs:
@@ -612,6 +611,33 @@ class RayExecutor:
             failures = {rank: _describe(err, runtime.nodes[rank]) for rank, err in raised.items()}
             message = None
         raise WorkerFailedError(failures, message) from first
+
+    @staticmethod
+    def _find_lost(
+        runtime: _Runtime,
+        ranks: list[int],
+        lost: dict[int, str],
+        refs: list[ray.ObjectRef],
+    ) -> None:
+        """Adds to ``lost`` those of ``ranks`` whose process died or that stay silent."""
+        pings = {rank: runtime.workers[rank].ping.remote() for rank in ranks}
+        _, silent = ray.wait(
+            list(pings.values()), num_returns=len(pings), timeout=LIVENESS_TIMEOUT_S
+        )
+        for rank, ping in pings.items():
+            node = runtime.nodes[rank]
+            # The call's own outcome first: a rank whose call died is lost whatever else.
+            outcome = _error_of(refs[rank]) if rank < len(refs) else None
+            if isinstance(outcome, ray.exceptions.RayActorError):
+                lost[rank] = _describe(outcome, node)
+            elif ping in silent:
+                lost[rank] = (
+                    f"did not answer within {LIVENESS_TIMEOUT_S:g}s on node "
+                    f"{node['node_id'][:12]} ({node['node_ip']}): the node was lost or the "
+                    f"process hung"
+                )
+            elif (err := _error_of(ping)) is not None:
+                lost[rank] = _describe(err, node)
 
     def _abort(self, runtime: _Runtime) -> None:
         """Stops a job whose call did not complete, at once; the executor ends FAILED."""

@@ -275,7 +275,7 @@ class RayExecutor:
         try:
             runtime = self._start(plan, group, taken, executable, env)
         except BaseException as err:
-            _release(taken.workers, taken.rendezvous, taken.group, taken.owns_group, grace_s=0)
+            _release(taken, grace_s=0)
             with self._lock:
                 self._state = ExecutorState.FAILED
             if isinstance(err, (HorovodRayError, KeyboardInterrupt)):
@@ -348,11 +348,8 @@ class RayExecutor:
         for worker, rank, node in zip(workers, ranks, nodes, strict=True):
             env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": self._iface(node, local_job)}
             env.update(extra_env)
-            setups.append(worker.setup.remote(env, rank.world_rank == 0))
-        _get_all(setups, what="set up its environment")
-        if executable is not None:
-            refs = [w.start_executable.remote(executable) for w in workers]
-            _get_all(refs, what="build executable_cls", nodes=nodes)
+            setups.append(worker.setup.remote(env, rank.world_rank == 0, executable))
+        _get_all(setups, what="set up its environment or build executable_cls", nodes=nodes)
         return _Runtime(workers, ranks, nodes, rendezvous, group, taken.owns_group)
 
     def _iface(self, node: Mapping[str, Any], local_job: bool) -> str:
@@ -646,7 +643,7 @@ class RayExecutor:
                 return
             self._state = ExecutorState.STOPPING
         try:
-            _release(runtime.workers, runtime.rendezvous, runtime.group, runtime.owns_group, 0)
+            _release(runtime, grace_s=0)
         finally:
             with self._lock:
                 self._state = ExecutorState.FAILED
@@ -670,7 +667,7 @@ class RayExecutor:
             busy = self._calls_in_flight > 0
         try:
             grace = 0 if busy else STOP_GRACE_S
-            _release(runtime.workers, runtime.rendezvous, runtime.group, runtime.owns_group, grace)
+            _release(runtime, grace_s=grace)
         finally:
             with self._lock:
                 self._state = ExecutorState.STOPPED
@@ -705,14 +702,9 @@ class RayExecutor:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _release(
-    workers: Sequence[Any],
-    rendezvous: RendezvousServer | None,
-    group: PlacementGroup | None,
-    owns_group: bool,
-    grace_s: float,
-) -> None:
+def _release(held: _Resources | _Runtime, grace_s: float) -> None:
     """Gives back what a job holds, newest first; never raises for an already-dead part."""
+    workers, rendezvous = held.workers, held.rendezvous
     if workers:
         exits = [worker.__ray_terminate__.remote() for worker in workers]
         if grace_s > 0:
@@ -726,8 +718,8 @@ def _release(
         ray.wait(exits, num_returns=len(exits), timeout=STOP_CONFIRM_S)
     if rendezvous is not None:
         rendezvous.stop()
-    if group is not None and owns_group:
-        ray.util.remove_placement_group(group)
+    if held.group is not None and held.owns_group:
+        ray.util.remove_placement_group(held.group)
 
 
 def _error_of(ref: ray.ObjectRef) -> BaseException | None:

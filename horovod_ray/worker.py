@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import os
-import socket
 import threading
 from typing import Any, Callable, Mapping, Union
 
@@ -18,6 +17,7 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import ConfigError
+from horovod_ray.settings import local_interfaces
 
 CONTROL_GROUP = "control"
 
@@ -99,13 +99,8 @@ def post(item: object) -> None:
         channel.put(item)
 
 
-def _interface_of(address: str) -> str | None:
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
-            return name
-    return None
+def _interface_holding(interfaces: Mapping[str, list[str]], address: str) -> str | None:
+    return next((name for name, addrs in interfaces.items() if address in addrs), None)
 
 
 class Worker:
@@ -128,26 +123,28 @@ class Worker:
         """Where this worker runs: node id and IP, its GPUs, and network interfaces."""
         context = ray.get_runtime_context()
         node_ip = ray.util.get_node_ip_address()
+        interfaces = local_interfaces()
         return {
             "node_id": context.get_node_id(),
             "node_ip": node_ip,
-            "node_ip_iface": _interface_of(node_ip),
-            "loopback_iface": _interface_of("127.0.0.1"),
+            "node_ip_iface": _interface_holding(interfaces, node_ip),
+            "loopback_iface": _interface_holding(interfaces, "127.0.0.1"),
             "gpu_ids": tuple(str(gpu) for gpu in ray.get_gpu_ids()),
-            "interfaces": sorted(_all_interfaces()),
+            "interfaces": sorted(interfaces),
             "pid": os.getpid(),
         }
 
-    def setup(self, env: Mapping[str, str], is_log_rank: bool) -> None:
-        """Sets the rank's environment; must run before any user code."""
+    def setup(self, env: Mapping[str, str], is_log_rank: bool, executable: bytes | None) -> None:
+        """Sets the rank's environment, then builds ``executable_cls`` if one was given.
+
+        One call, so that start() costs a single round trip after placement.
+        """
         global _channel
         os.environ.update(env)
         _channel = _LogChannel() if is_log_rank else None
-
-    def start_executable(self, payload: bytes) -> None:
-        """Builds the object that ``execute`` hands to user functions."""
-        cls, args, kwargs = cloudpickle.loads(payload)
-        self._executable = cls(*args, **kwargs)
+        if executable is not None:
+            cls, args, kwargs = cloudpickle.loads(executable)
+            self._executable = cls(*args, **kwargs)
 
     def execute(self, fn_arg: FnArg, call_id: int) -> Any:
         return self._call(call_id, self._function(fn_arg), self._executable)
@@ -183,12 +180,6 @@ class Worker:
         if channel is None:
             return [], True
         return channel.take(call_id, timeout_s)
-
-
-def _all_interfaces() -> list[str]:
-    import psutil
-
-    return list(psutil.net_if_addrs())
 
 
 # Two control threads: one may sit in a log long-poll while the other answers a ping.

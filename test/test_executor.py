@@ -13,7 +13,6 @@ from horovod_ray import (
     ConfigError,
     ExecutorState,
     ExecutorStateError,
-    HorovodRayError,
     RayExecutor,
     WorkerFailedError,
     log,
@@ -358,7 +357,3 @@ def test_start_without_ray_says_to_call_ray_init():
     out = run_fresh_python(code, timeout_s=120)
     assert "ERR Ray is not initialised: call ray.init()" in out
     assert "INIT False" in out
-
-
-def test_errors_are_horovod_ray_errors():
-    assert issubclass(WorkerFailedError, HorovodRayError)

@@ -516,10 +516,14 @@ class RayExecutor:
             return self._collect_with_logs(runtime, refs, callbacks, call_id)
         except ray.exceptions.RayError:
             self._fail(runtime, refs, time.monotonic() - started)
-        except BaseException:
+        except BaseException as err:
             # Ctrl-C on the driver, or a callback raised: the ranks are mid-call and
             # cannot be left half done.
             self._abort(runtime)
+            if isinstance(err, SystemError) and isinstance(err.__cause__, KeyboardInterrupt):
+                # Ctrl-C landing just as ray.wait returns surfaces as CPython's "returned
+                # a result with an exception set"; the user pressed Ctrl-C.
+                raise err.__cause__ from None
             raise
         finally:
             with self._lock:

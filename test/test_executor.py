@@ -287,6 +287,27 @@ def test_a_raising_callback_stops_the_job(ray_4cpu, no_leaks):
     assert executor.state is ExecutorState.FAILED
 
 
+def test_ctrl_c_that_ray_reports_as_system_error_stays_a_keyboard_interrupt(ray_4cpu, no_leaks):
+    # Ctrl-C landing as ray.wait returns reaches the driver as SystemError("... returned a
+    # result with an exception set") caused by the KeyboardInterrupt (seen in
+    # test_faults); the caller must see the KeyboardInterrupt.
+    def interrupted_inside_ray(metrics):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise SystemError("returned a result with an exception set") from interrupt
+
+    def train():
+        log({"x": 1})
+        time.sleep(30)
+
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start()
+    with pytest.raises(KeyboardInterrupt):
+        executor.run(train, callbacks=[interrupted_inside_ray])
+    assert executor.state is ExecutorState.FAILED
+
+
 def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
     class Broken:
         def __init__(self):

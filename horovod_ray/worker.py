@@ -109,6 +109,8 @@ class Worker:
     def __init__(self) -> None:
         self._executable: Any = None
         self._functions: dict[int, Callable[..., Any]] = {}
+        # The function and call id of the last execute(), for execute_again().
+        self._last_execute: tuple[Callable[..., Any], int] | None = None
 
     def _function(self, fn_arg: FnArg) -> Callable[..., Any]:
         if isinstance(fn_arg, int):
@@ -147,7 +149,22 @@ class Worker:
             self._executable = cls(*args, **kwargs)
 
     def execute(self, fn_arg: FnArg, call_id: int) -> Any:
-        return self._call(call_id, self._function(fn_arg), self._executable)
+        fn = self._function(fn_arg)
+        self._last_execute = (fn, call_id)
+        return self._call(call_id, fn, self._executable)
+
+    def execute_again(self) -> Any:
+        """Runs the last execute()'s function again, as the call after it.
+
+        Sent only when that call completed on every rank and no call came after it (see
+        RayExecutor._fn_arg), so every rank has the same function and rank 0's next
+        call id is the driver's.
+        """
+        if self._last_execute is None:
+            raise RuntimeError("execute_again() before any execute() on this rank")
+        fn, call_id = self._last_execute
+        self._last_execute = (fn, call_id + 1)
+        return self._call(call_id + 1, fn, self._executable)
 
     def run(self, fn_arg: FnArg, args_payload: bytes, call_id: int) -> Any:
         fn = self._function(fn_arg)

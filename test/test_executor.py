@@ -179,6 +179,49 @@ def test_executable_cls_is_built_on_every_rank_after_the_env(ray_4cpu, no_leaks)
         executor.stop()
 
 
+def bump_and_log(counter):
+    value = counter.bump()
+    log({"value": value})
+    return value
+
+
+def test_a_repeated_execute_sends_no_arguments_and_keeps_each_calls_logs(
+    ray_4cpu, no_leaks, monkeypatch
+):
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start(executable_cls=Counter, executable_args=[0], executable_kwargs={"step": 10})
+    try:
+        again = []
+        for worker in executor._runtime.workers:
+            method = worker.execute_again
+            monkeypatch.setattr(worker, "execute_again", method)
+            monkeypatch.setattr(method, "remote", _counting(method.remote, again))
+        seen = []
+        assert executor.execute(bump_and_log, callbacks=[seen.append]) == [1, 11]
+        assert again == []  # the first call sends the function
+        assert executor.execute(bump_and_log, callbacks=[seen.append]) == [2, 12]
+        assert len(again) == 2  # one argument-free call per rank
+        # Any call in between (here rank 0 only) ends the repeat: the function goes again.
+        assert executor.execute_single(lambda counter: counter.value) == 2
+        assert executor.execute(bump_and_log, callbacks=[seen.append]) == [3, 13]
+        assert len(again) == 2
+        assert executor.execute(bump_and_log, callbacks=[seen.append]) == [4, 14]
+        assert executor.execute(lambda counter: counter.value) == [4, 14]  # another function
+        assert len(again) == 4
+        # Rank 0's call ids stayed in step with the driver's: every call got its own dict.
+        assert seen == [{"value": 1}, {"value": 2}, {"value": 3}, {"value": 4}]
+    finally:
+        executor.stop()
+
+
+def _counting(remote, calls):
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return remote(*args, **kwargs)
+
+    return counted
+
+
 def test_extra_env_vars_reach_every_rank(ray_4cpu, no_leaks):
     executor = RayExecutor(SETTINGS, num_workers=2)
     executor.start(extra_env_vars={"MY_FLAG": "on", "HOROVOD_CYCLE_TIME": "1"})

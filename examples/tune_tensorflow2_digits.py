@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             metric="loss",
             mode="min",
             scheduler=ASHAScheduler(max_t=args.epochs, grace_period=2),
+            reuse_actors=True,  # a finished trial's warm ranks run the next trial
         ),
         run_config=tune.RunConfig(
             name="horovod_ray_tune_digits",

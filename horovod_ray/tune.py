@@ -13,8 +13,13 @@ How a trial runs:
   per-process session: rank 0's reports (metrics, and the checkpoint directory packed into
   bytes) go to the trial's actor, which reports them to Tune; other ranks' reports are
   accepted and dropped. The restored checkpoint is unpacked on every rank.
-* The job is stopped when the trial ends for any reason (finished, stopped by a scheduler,
-  paused, failed).
+* The job is stopped when the trial fails, is stopped by a scheduler or paused, and when
+  Tune stops the trial's actor. A trial that finishes leaves its job running, idle, for
+  the next trial on the same actor: with ``TuneConfig(reuse_actors=True)`` Tune hands a
+  finished trial's actor (and its placement group) to the next trial, whose ranks then
+  have the framework imported and Horovod joined already. ``hvd.init()`` on a rank that
+  is still initialised does nothing; after ``hvd.shutdown()`` it joins again. A warm job
+  is checked with one no-op call before a trial uses it, and replaced if that fails.
 
 Checkpoints travel through Ray's object store, so they suit model states of up to a few
 hundred MB.
@@ -33,12 +38,13 @@ import tempfile
 import threading
 from typing import Any, Callable
 
+import ray
 from ray import tune
 from ray.train._internal import session as train_session
 from ray.tune.trainable.function_trainable import wrap_function
 
-from horovod_ray.errors import ConfigError
-from horovod_ray.executor import RayExecutor, _pickle_fn
+from horovod_ray.errors import ConfigError, HorovodRayError
+from horovod_ray.executor import ExecutorState, RayExecutor, _pickle_fn
 from horovod_ray.settings import Settings, WorkerLayout, create_settings, require_positive
 from horovod_ray.worker import post
 
@@ -140,19 +146,6 @@ def _forward(item: object) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-# The executors of the trials running in this process, so cleanup() can stop them while
-# the trial's thread is still waiting on its ranks.
-_active: set[RayExecutor] = set()
-_active_lock = threading.Lock()
-
-
-def _stop_active() -> None:
-    with _active_lock:
-        executors = list(_active)
-    for executor in executors:
-        executor.stop()
-
-
 @dataclasses.dataclass(frozen=True)
 class _TrialSpec:
     func: Callable[[dict], Any]
@@ -163,8 +156,53 @@ class _TrialSpec:
     use_gpu: bool
 
 
+# The executors of the trials running in this process, so cleanup() can stop them while
+# the trial's thread is still waiting on its ranks.
+_active: set[RayExecutor] = set()
+# The idle job a finished trial left for the next trial on this actor, with its spec.
+_warm: tuple[_TrialSpec, RayExecutor] | None = None
+_active_lock = threading.Lock()
+
+
+def _stop_all() -> None:
+    """Stops the running trial's job, if any, and the warm one."""
+    global _warm
+    with _active_lock:
+        executors = list(_active)
+        if _warm is not None:
+            executors.append(_warm[1])
+            _warm = None
+    for executor in executors:
+        executor.stop()
+
+
+def _take_warm(spec: _TrialSpec) -> RayExecutor | None:
+    """The job a finished trial left on this actor, if it fits ``spec`` and still works."""
+    global _warm
+    with _active_lock:
+        warm, _warm = _warm, None
+    if warm is None:
+        return None
+    warm_spec, executor = warm
+    current = ray.util.get_current_placement_group()
+    if (
+        warm_spec == spec
+        and executor.state is ExecutorState.RUNNING
+        and current is not None
+        and executor.placement_group.id == current.id
+    ):
+        try:
+            executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
+            return executor
+        except HorovodRayError:
+            logger.info("the warm Horovod job of the last trial failed; starting a new one")
+    executor.stop()
+    return None
+
+
 def _run_trial(config: dict, spec: _TrialSpec) -> None:
-    """Runs on the trial's actor: one Horovod job for the trial's whole life."""
+    """Runs on the trial's actor: the trial's Horovod job, warm from the last trial or new."""
+    global _warm
     checkpoint = _pack_checkpoint(tune.get_checkpoint())
     context = tune.get_context()
     trial_info = {
@@ -173,25 +211,35 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
         "trial_resources": context.get_trial_resources(),
         "experiment_name": context.get_experiment_name(),
     }
-    # Inside the trial's placement group: the ranks take its bundles.
-    executor = RayExecutor(
-        spec.settings,
-        num_hosts=spec.num_hosts,
-        num_workers_per_host=spec.num_slots,
-        cpus_per_worker=spec.num_cpus_per_slot,
-        use_gpu=spec.use_gpu,
-    )
+    executor = _take_warm(spec)
+    fresh = executor is None
+    if executor is None:
+        # Inside the trial's placement group: the ranks take its bundles.
+        executor = RayExecutor(
+            spec.settings,
+            num_hosts=spec.num_hosts,
+            num_workers_per_host=spec.num_slots,
+            cpus_per_worker=spec.num_cpus_per_slot,
+            use_gpu=spec.use_gpu,
+        )
     with _active_lock:
         _active.add(executor)
+    finished = False
     try:
-        executor.start()
+        if fresh:
+            executor.start()
         executor.run(
             _rank_main, args=[spec.func, config, checkpoint, trial_info], callbacks=[_forward]
         )
+        finished = True
     finally:
-        executor.stop()
         with _active_lock:
             _active.discard(executor)
+            keep = finished and executor.state is ExecutorState.RUNNING
+            if keep:
+                _warm = (spec, executor)
+        if not keep:
+            executor.stop()
 
 
 def _check_signature(func: Callable[..., Any]) -> None:
@@ -275,7 +323,7 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
             return resources
 
         def cleanup(self) -> None:
-            _stop_active()
+            _stop_all()
             super().cleanup()
 
     DistributedTrainable.__name__ = f"DistributedTrainable_{name}"

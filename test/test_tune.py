@@ -250,3 +250,79 @@ def test_pbt_exploits_restore_checkpoints_on_every_rank(ray_4cpu, tmp_path):
     assert max(resumed) > 0  # a trial was paused and restored from a checkpoint
     assert wait_until(lambda: alive_actors() == [])
     assert wait_until(lambda: live_placement_groups() == [])
+
+
+def rank_pids(config):
+    """One report: every rank's pid, and an allreduce of the trial's x."""
+    import tensorflow as tf
+
+    hvd = _hvd()
+    total = float(hvd.allreduce(tf.constant(float(config["x"])), op=hvd.Sum))
+    pids = hvd.allgather_object(os.getpid())
+    tune.report({"pids": ",".join(map(str, pids)), "sum": total})
+    if config.get("shutdown"):
+        hvd.shutdown()  # the next trial on these ranks must join Horovod again
+
+
+def _trial_pids(results) -> list[str]:
+    frame = results.get_dataframe().sort_values("config/x")
+    return list(frame["pids"])
+
+
+def test_reused_actors_run_the_next_trials_on_the_same_warm_ranks(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(rank_pids, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        param_space={
+            "x": tune.grid_search([1, 2, 3, 4]),
+            "shutdown": tune.sample_from(lambda spec: spec.config.x == 2),
+        },
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="warm", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 0
+    frame = results.get_dataframe().sort_values("config/x")
+    assert list(frame["sum"]) == [2.0, 4.0, 6.0, 8.0]  # each trial's own config, 2 ranks
+    pids = _trial_pids(results)
+    assert len(set(pids[0].split(","))) == 2
+    # One pair of rank processes served all four trials, also after an hvd.shutdown().
+    assert set(pids) == {pids[0]}
+    assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])
+
+
+def test_without_actor_reuse_every_trial_gets_new_ranks(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(rank_pids, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1, 2])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="cold", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 0
+    first, second = (set(p.split(",")) for p in _trial_pids(results))
+    assert not first & second
+    assert wait_until(lambda: alive_actors() == [])
+
+
+class _KillRankOne(tune.Callback):
+    """Kills rank 1 of each finished trial: its job is then warm, idle, and broken."""
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        os.kill(int(trial.last_result["pids"].split(",")[1]), signal.SIGKILL)
+
+
+def test_a_warm_job_that_lost_a_rank_is_replaced_before_the_next_trial(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(rank_pids, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1, 2])},
+        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=1),
+        run_config=tune.RunConfig(
+            name="broken-warm", storage_path=str(tmp_path), verbose=0, callbacks=[_KillRankOne()]
+        ),
+    ).fit()
+    assert results.num_errors == 0
+    first, second = (p.split(",") for p in _trial_pids(results))
+    assert first[1] != second[1]  # the killed rank was not reused
+    assert wait_until(lambda: alive_actors() == [])

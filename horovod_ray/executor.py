@@ -730,7 +730,7 @@ def _release(held: _Resources | _Runtime, grace_s: float) -> None:
     """Gives back what a job holds, newest first; never raises for an already-dead part."""
     workers, rendezvous = held.workers, held.rendezvous
     if workers:
-        exits = [worker.__ray_terminate__.remote() for worker in workers]
+        exits = [worker.exit.remote() for worker in workers]
         if grace_s > 0:
             ray.wait(exits, num_returns=len(exits), timeout=grace_s)
         for worker in workers:

@@ -578,26 +578,36 @@ class RayExecutor:
         (Gloo sees the closed socket first). So every rank is pinged: live ranks answer at
         once, even mid-collective; dead ones fail the ping; ranks on a lost node stay
         silent. Dead and silent ranks are the cause when there are any; otherwise it is
-        the ranks that raised.
+        the ranks that raised. When a node is gone (see _followers), ranks that died on
+        other nodes are taken as consequences: horovod may abort a process whose Gloo
+        peer vanished.
         """
         # Calls go to ranks 0..len(refs)-1 in order: a ref's index is its world rank.
         raised: dict[int, BaseException] = {}
         lost: dict[int, str] = {}
+        unreachable: set[int] = set()
         # What had failed when the first failure was seen: the candidates for the cause.
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             rank, err = refs.index(ref), _error_of(ref)
             if isinstance(err, ray.exceptions.RayActorError):
                 lost[rank] = _describe(err, runtime.nodes[rank])
+                if isinstance(err, ray.exceptions.ActorUnavailableError):
+                    unreachable.add(rank)
             elif err is not None:
                 raised[rank] = err
         n = len(runtime.workers)
-        self._find_lost(runtime, [r for r in range(n) if r not in lost], lost, refs)
+        self._find_lost(runtime, [r for r in range(n) if r not in lost], lost, unreachable, refs)
         if lost and len(lost) < n:
             # A lost node's processes do not all die at the same instant: a rank there may
             # still answer, or raise because its peer went first. Ask once more.
             time.sleep(LOST_RECHECK_S)
-            self._find_lost(runtime, [r for r in range(n) if r not in lost], lost, refs)
+            self._find_lost(
+                runtime, [r for r in range(n) if r not in lost], lost, unreachable, refs
+            )
+        followers = _followers(runtime.nodes, lost, unreachable)
+        for rank in followers:
+            del lost[rank]
         for rank in lost:
             raised.pop(rank, None)
         missing = sorted(set(range(len(runtime.workers))) - runtime.rendezvous.joined_ranks())
@@ -623,10 +633,10 @@ class RayExecutor:
         if lost:
             failures = dict(lost)
             message = _describe_failures(failures)
-            if raised:
+            if raised or followers:
                 message += (
-                    f"\nRanks {', '.join(map(str, sorted(raised)))} failed after losing "
-                    f"their peers (not the cause)."
+                    f"\nRanks {', '.join(map(str, sorted(set(raised) | followers)))} failed "
+                    f"after losing their peers (not the cause)."
                 )
         else:
             failures = {rank: _describe(err, runtime.nodes[rank]) for rank, err in raised.items()}
@@ -638,9 +648,13 @@ class RayExecutor:
         runtime: _Runtime,
         ranks: list[int],
         lost: dict[int, str],
+        unreachable: set[int],
         refs: list[ray.ObjectRef],
     ) -> None:
-        """Adds to ``lost`` those of ``ranks`` whose process died or that stay silent."""
+        """Adds to ``lost`` those of ``ranks`` whose process died or that stay silent.
+
+        Silent ones, and those Ray calls unavailable, also go into ``unreachable``.
+        """
         pings = {rank: runtime.workers[rank].ping.remote() for rank in ranks}
         _, silent = ray.wait(
             list(pings.values()), num_returns=len(pings), timeout=LIVENESS_TIMEOUT_S
@@ -650,15 +664,20 @@ class RayExecutor:
             # The call's own outcome first: a rank whose call died is lost whatever else.
             outcome = _error_of(refs[rank]) if rank < len(refs) else None
             if isinstance(outcome, ray.exceptions.RayActorError):
-                lost[rank] = _describe(outcome, node)
+                err = outcome
             elif ping in silent:
                 lost[rank] = (
                     f"did not answer within {LIVENESS_TIMEOUT_S:g}s on node "
                     f"{node['node_id'][:12]} ({node['node_ip']}): the node was lost or the "
                     f"process hung"
                 )
-            elif (err := _error_of(ping)) is not None:
-                lost[rank] = _describe(err, node)
+                unreachable.add(rank)
+                continue
+            elif (err := _error_of(ping)) is None:
+                continue
+            lost[rank] = _describe(err, node)
+            if isinstance(err, ray.exceptions.ActorUnavailableError):
+                unreachable.add(rank)
 
     def _abort(self, runtime: _Runtime) -> None:
         """Stops a job whose call did not complete, at once; the executor ends FAILED."""
@@ -744,6 +763,27 @@ def _release(held: _Resources | _Runtime, grace_s: float) -> None:
         rendezvous.stop()
     if held.group is not None and held.owns_group:
         ray.util.remove_placement_group(held.group)
+
+
+def _followers(
+    nodes: Sequence[Mapping[str, Any]], lost: Mapping[int, str], unreachable: set[int]
+) -> set[int]:
+    """The lost ranks that died because another node was lost, not as a cause.
+
+    A node is gone when one of its ranks cannot be reached, or when all of its ranks are
+    lost while some other node still has a live rank. Lost ranks on the other nodes then
+    followed it. Without a gone node, every lost rank is a cause.
+    """
+    ranks_on: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        ranks_on.setdefault(node["node_id"], []).append(rank)
+    wholly_lost = {node for node, ranks in ranks_on.items() if all(r in lost for r in ranks)}
+    if len(wholly_lost) == len(ranks_on):
+        wholly_lost = set()  # nothing survived: no node to tell apart
+    gone = wholly_lost | {nodes[rank]["node_id"] for rank in unreachable}
+    if not gone:
+        return set()
+    return {rank for rank in lost if nodes[rank]["node_id"] not in gone}
 
 
 def _key_of(fn_arg: FnArg) -> int | None:

@@ -203,6 +203,66 @@ def test_fifty_start_stop_cycles_do_not_grow_anything(local_ray):
     assert leaks.process.num_fds() <= leaks.fds + 3
 
 
+@pytest.mark.parametrize(
+    "layout,lost,unreachable,followers",
+    [
+        # Node b wholly lost; rank 0 on node a died after it (horovod's abort).
+        ("aabb", {0, 2, 3}, set(), {0}),
+        # Node b unreachable while one of its ranks still answered; rank 0 followed.
+        ("aabb", {0, 2}, {2}, {0}),
+        # One node, one rank killed: it is the cause.
+        ("aa", {1}, set(), set()),
+        # Everything lost: no surviving node to tell causes from consequences.
+        ("aabb", {0, 1, 2, 3}, set(), set()),
+        # Two nodes wholly lost, one still up: both are causes.
+        ("abc", {1, 2}, set(), set()),
+    ],
+)
+def test_ranks_that_died_after_a_node_was_lost_are_consequences(
+    layout, lost, unreachable, followers
+):
+    from horovod_ray.executor import _followers
+
+    nodes = [{"node_id": node} for node in layout]
+    assert _followers(nodes, dict.fromkeys(lost, "lost"), unreachable) == followers
+
+
+def abort_rank_zero_on_a_lost_peer():
+    """Loops allreduces; rank 0 ends its process when a collective fails, as horovod may."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    for step in range(100_000):
+        try:
+            hvd.allreduce(tf.ones(10_000))
+        except Exception:
+            if hvd.rank() == 0:
+                os._exit(1)
+            raise
+        if step == 5:
+            log({"step": step})
+
+
+def test_a_rank_that_dies_after_a_node_is_lost_is_not_named_the_cause():
+    cluster = start_cluster([0, 2, 2])
+    try:
+        executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
+        executor.start()
+        doomed = executor.ranks[2].node_id
+        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
+
+        def remove_node(metrics):
+            cluster.remove_node(node, allow_graceful=False)
+
+        with pytest.raises(WorkerFailedError) as info:
+            executor.run(abort_rank_zero_on_a_lost_peer, callbacks=[remove_node])
+        assert sorted(info.value.failures) == [2, 3], str(info.value)
+        assert "Ranks 0, 1 failed after losing their peers" in str(info.value)
+    finally:
+        stop_ray()
+
+
 def test_a_node_removed_mid_job_names_the_lost_ranks():
     # A CPU-less head node, then two nodes of two CPUs: one loses both of its ranks.
     cluster = start_cluster([0, 2, 2])

@@ -181,22 +181,21 @@ def _take_warm(spec: _TrialSpec) -> RayExecutor | None:
     global _warm
     with _active_lock:
         warm, _warm = _warm, None
-    if warm is None:
-        return None
-    warm_spec, executor = warm
+        if warm is None:
+            return None
+        warm_spec, executor = warm
+        _active.add(executor)  # cleanup() must find it while it is being checked
     current = ray.util.get_current_placement_group()
-    if (
-        warm_spec == spec
-        and executor.state is ExecutorState.RUNNING
-        and current is not None
-        and executor.placement_group.id == current.id
-    ):
-        try:
+    try:
+        # placement_group raises when the job is no longer running.
+        if warm_spec == spec and current is not None and executor.placement_group.id == current.id:
             executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
             return executor
-        except HorovodRayError:
-            logger.info("the warm Horovod job of the last trial failed; starting a new one")
+    except HorovodRayError:
+        logger.info("the last trial's warm Horovod job failed or stopped; starting a new one")
     executor.stop()
+    with _active_lock:
+        _active.discard(executor)
     return None
 
 

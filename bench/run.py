@@ -86,17 +86,54 @@ def ratio(numerators: list[float], denominators: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
-def alternate(systems: dict[str, Callable[[], float]], reps: int) -> dict[str, list[float]]:
-    """Runs every system once per repetition, rotating who goes first."""
+def alternate(
+    systems: dict[str, Callable[[], float]], reps: int, settle: bool = False
+) -> dict[str, list[float]]:
+    """Runs every system once per repetition, rotating who goes first.
+
+    With ``settle``, each run first waits for the previous run's processes to be gone.
+    """
     names = list(systems)
     runs: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(reps):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
+            if settle:
+                wait_for_quiet()
             value = systems[name]()
             runs[name].append(value)
             print(f"  rep {rep + 1}/{reps}  {name:<22} {value:10.4f}", flush=True)
     return runs
+
+
+# Ray processes that stay (the last one Ray Train starts once and keeps); any other
+# ``ray::`` process is a run's worker.
+RAY_SERVICES = {
+    "ray::IDLE",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "ray::_AutoscalingCoordinatorActor",
+}
+
+
+def wait_for_quiet(timeout_s: float = 15.0) -> None:
+    """Waits until the last run's worker processes have exited.
+
+    A process that has loaded TensorFlow spends up to a second of CPU exiting; started
+    next to it, the next cold start would pay for the previous system's teardown.
+    """
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leftovers = []
+        for process in psutil.process_iter(["cmdline"]):
+            title = (process.info["cmdline"] or [""])[0]
+            if title.startswith("ray::") and title.split(" ")[0] not in RAY_SERVICES:
+                leftovers.append(title)
+        if not leftovers:
+            return
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------ systems
@@ -275,7 +312,7 @@ def b2(mode: Mode) -> dict:
                 lambda: [json.loads(line)["first_allreduce_at"] for line in _horovodrun(["b2"], w)]
             ),
         }
-        runs = alternate(systems, mode.reps)
+        runs = alternate(systems, mode.reps, settle=True)
         key = str(workers)
         out["b2_cold_start_s"][key] = {name: summary(values) for name, values in runs.items()}
         out["b2_ratio_vs_horovod_ray"][key] = ratio(runs["horovod_ray"], runs["horovod.ray"])

@@ -297,8 +297,9 @@ def _note_exit(directory):
     path = os.path.join(directory, f"exit-{os.environ['HOROVOD_RANK']}.json")
 
     def note():
-        with open(path, "w") as handle:
+        with open(path + ".part", "w") as handle:
             json.dump({"gc_enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, handle)
+        os.replace(path + ".part", path)  # the test polls for the file: whole or absent
 
     atexit.register(note)
 

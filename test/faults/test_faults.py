@@ -258,9 +258,9 @@ def test_a_rank_that_dies_after_a_node_is_lost_is_not_named_the_cause():
         with pytest.raises(WorkerFailedError) as info:
             executor.run(abort_rank_zero_on_a_lost_peer, callbacks=[remove_node])
         # Rank 0 usually dies before the failure is attributed (2 of 2 runs failed here
-        # before the rule), sometimes only later; either way the lost node is the cause.
+        # before the rule); the other ranks may raise, die or still wait by then. Either
+        # way the lost node's ranks are the cause, and only they.
         assert sorted(info.value.failures) == [2, 3], str(info.value)
-        assert "failed after losing their peers (not the cause)" in str(info.value)
     finally:
         stop_ray()
 

@@ -280,7 +280,10 @@ class RayExecutor:
             _release(taken, grace_s=0)
             with self._lock:
                 self._state = ExecutorState.FAILED
-            if isinstance(err, (HorovodRayError, KeyboardInterrupt)):
+            interrupt = _interrupt_in(err)
+            if interrupt is not None:
+                raise interrupt from None
+            if isinstance(err, HorovodRayError):
                 raise
             raise HorovodRayError(f"RayExecutor.start() failed: {err}") from err
         with self._lock:
@@ -535,10 +538,9 @@ class RayExecutor:
             # Ctrl-C on the driver, or a callback raised: the ranks are mid-call and
             # cannot be left half done.
             self._abort(runtime)
-            if isinstance(err, SystemError) and isinstance(err.__cause__, KeyboardInterrupt):
-                # Ctrl-C landing just as ray.wait returns surfaces as CPython's "returned
-                # a result with an exception set"; the user pressed Ctrl-C.
-                raise err.__cause__ from None
+            interrupt = _interrupt_in(err)
+            if interrupt is not None:
+                raise interrupt from None
             raise
         finally:
             with self._lock:
@@ -591,9 +593,7 @@ class RayExecutor:
         for ref in ready:
             rank, err = refs.index(ref), _error_of(ref)
             if isinstance(err, ray.exceptions.RayActorError):
-                lost[rank] = _describe(err, runtime.nodes[rank])
-                if isinstance(err, ray.exceptions.ActorUnavailableError):
-                    unreachable.add(rank)
+                _note_lost(rank, err, runtime.nodes[rank], lost, unreachable)
             elif err is not None:
                 raised[rank] = err
         n = len(runtime.workers)
@@ -675,9 +675,7 @@ class RayExecutor:
                 continue
             elif (err := _error_of(ping)) is None:
                 continue
-            lost[rank] = _describe(err, node)
-            if isinstance(err, ray.exceptions.ActorUnavailableError):
-                unreachable.add(rank)
+            _note_lost(rank, err, node, lost, unreachable)
 
     def _abort(self, runtime: _Runtime) -> None:
         """Stops a job whose call did not complete, at once; the executor ends FAILED."""
@@ -763,6 +761,31 @@ def _release(held: _Resources | _Runtime, grace_s: float) -> None:
         rendezvous.stop()
     if held.group is not None and held.owns_group:
         ray.util.remove_placement_group(held.group)
+
+
+def _note_lost(
+    rank: int,
+    err: BaseException,
+    node: Mapping[str, Any],
+    lost: dict[int, str],
+    unreachable: set[int],
+) -> None:
+    lost[rank] = _describe(err, node)
+    if isinstance(err, ray.exceptions.ActorUnavailableError):
+        unreachable.add(rank)
+
+
+def _interrupt_in(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind ``err``, if it is one.
+
+    Ctrl-C landing just as a Ray wait returns surfaces as CPython's SystemError
+    ("returned a result with an exception set") caused by the KeyboardInterrupt.
+    """
+    if isinstance(err, KeyboardInterrupt):
+        return err
+    if isinstance(err, SystemError) and isinstance(err.__cause__, KeyboardInterrupt):
+        return err.__cause__
+    return None
 
 
 def _followers(

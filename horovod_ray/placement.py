@@ -107,10 +107,16 @@ def reserve(plan: PlacementPlan, timeout_s: float) -> PlacementGroup:
     """Creates the plan's placement group and waits until Ray has reserved it.
 
     Raises:
-        PlacementTimeoutError: Not reserved within ``timeout_s``; the group is removed.
+        PlacementTimeoutError: Not reserved within ``timeout_s``; the group is removed
+            (as it is when the wait is interrupted).
     """
     group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy)
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    except BaseException:
+        # Ctrl-C while waiting: the caller never sees the group, so it cannot remove it.
+        ray.util.remove_placement_group(group)
+        raise
     if ready:
         return group
     ray.util.remove_placement_group(group)

@@ -212,7 +212,7 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
     }
     executor = _take_warm(spec)
     fresh = executor is None
-    if executor is None:
+    if fresh:
         # Inside the trial's placement group: the ranks take its bundles.
         executor = RayExecutor(
             spec.settings,

@@ -385,6 +385,33 @@ def test_ctrl_c_that_ray_reports_as_system_error_stays_a_keyboard_interrupt(ray_
     assert executor.state is ExecutorState.FAILED
 
 
+class _RayInterruptedWhileWaiting:
+    """Ray as placement.py sees it, but Ctrl-C lands in its wait the way CPython reports it."""
+
+    def __getattr__(self, name):
+        return getattr(ray, name)
+
+    @staticmethod
+    def wait(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise SystemError("returned a result with an exception set") from interrupt
+
+
+def test_ctrl_c_while_placing_removes_the_group_and_stays_a_keyboard_interrupt(
+    ray_4cpu, no_leaks, monkeypatch
+):
+    from horovod_ray import placement
+
+    monkeypatch.setattr(placement, "ray", _RayInterruptedWhileWaiting())
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    with pytest.raises(KeyboardInterrupt):
+        executor.start()
+    assert executor.state is ExecutorState.FAILED
+    # no_leaks: the group created before the wait was removed.
+
+
 def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
     class Broken:
         def __init__(self):

@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Rebuilt only when what it depends on changes; a ready machine skips straight to the check.
 STAMP := $(VENV)/.installed
+HOROVOD_VERSION := 0.28.1
+HOROVOD_SRC := build/horovod-$(HOROVOD_VERSION)
+HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
 HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
@@ -14,13 +17,21 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install
 
-$(STAMP): setup.py constraints.txt Makefile
+$(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=23.2" "setuptools>=65" wheel
 	$(PIP) install --quiet -c constraints.txt tensorflow-cpu "ray[default,tune]" numpy \
 		protobuf pandas pyarrow
-	# horovod compiles against the TensorFlow installed above, so no build isolation.
-	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation -c constraints.txt horovod
+	# horovod's source release, with this repo's fixes applied (see patches/), compiled
+	# against the TensorFlow installed above, so no build isolation.
+	rm -rf $(HOROVOD_SRC) build/horovod-sdist
+	$(PIP) download --quiet --no-deps --no-binary :all: -d build/horovod-sdist \
+		horovod==$(HOROVOD_VERSION)
+	tar -xzf build/horovod-sdist/horovod-$(HOROVOD_VERSION).tar.gz -C build
+	for p in $(HOROVOD_PATCHES); do git apply --directory=$(HOROVOD_SRC) $$p || exit 1; done
+	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation --no-cache-dir \
+		--force-reinstall --no-deps ./$(HOROVOD_SRC)
+	$(PIP) install --quiet -c constraints.txt horovod==$(HOROVOD_VERSION)
 	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples,bench]'
 	touch $(STAMP)
 

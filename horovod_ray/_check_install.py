@@ -1,7 +1,8 @@
 """``python -m horovod_ray._check_install``: the post-install check of ``make install``.
 
 Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
-with TensorFlow and Gloo; prints one line and exits non-zero if not.
+with TensorFlow and Gloo, exiting non-zero if not, and says whether it carries the Gloo
+interface fix from ``patches/`` (a stock build still works, with the hostname caveat).
 """
 
 import os
@@ -9,7 +10,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from horovod_ray._stack import INSTALL_HINT, require_gloo  # noqa: E402
+from horovod_ray._stack import INSTALL_HINT, gloo_iface_fixed, require_gloo  # noqa: E402
 
 
 def _full_check() -> int:
@@ -27,6 +28,14 @@ def _full_check() -> int:
         return 1
     require_gloo()  # the executor's cheap check must agree
     print("horovod_ray: horovod has Gloo and TensorFlow")
+    if gloo_iface_fixed():
+        print("horovod_ray: horovod has the Gloo interface fix (collectives use the chosen NIC)")
+    else:
+        print(
+            "horovod_ray: horovod lacks the Gloo interface fix: a job across hosts needs each "
+            "host's name to resolve to a routable address (not 127.0.1.1); `make install` in "
+            "a horovod_ray checkout builds horovod with the fix"
+        )
     return 0
 
 

@@ -24,21 +24,48 @@ INSTALL_HINT = (
 
 # Only a build with HAVE_GLOO compiles horovod's Gloo controller into the extension.
 _GLOO_MARKER = b"GlooController"
+# A string that only a horovod built with patches/horovod-*-gloo-process-set-iface.patch
+# holds: its process-set Gloo context then uses HOROVOD_GLOO_IFACE like the global one.
+_IFACE_FIX_MARKER = b"Gloo process set device interface"
+
+
+def _tf_extension() -> str | None:
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package_dir = list(spec.submodule_search_locations)[0]
+    libs = glob.glob(os.path.join(package_dir, "tensorflow", "mpi_lib*.so"))
+    return libs[0] if libs else None
+
+
+def _extension_has(marker: bytes) -> bool:
+    path = _tf_extension()
+    if path is None:
+        return False
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(marker) >= 0
 
 
 @functools.cache
 def _gloo_problem() -> str | None:
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
+    if importlib.util.find_spec("horovod") is None:
         return "horovod is not installed"
-    package_dir = list(spec.submodule_search_locations)[0]
-    libs = glob.glob(os.path.join(package_dir, "tensorflow", "mpi_lib*.so"))
-    if not libs:
+    if _tf_extension() is None:
         return "horovod was built without TensorFlow support"
-    with open(libs[0], "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        if m.find(_GLOO_MARKER) < 0:
-            return "horovod was built without Gloo"
+    if not _extension_has(_GLOO_MARKER):
+        return "horovod was built without Gloo"
     return None
+
+
+@functools.cache
+def gloo_iface_fixed() -> bool:
+    """Whether horovod's collectives honour HOROVOD_GLOO_IFACE (this repo's patch).
+
+    A stock horovod 0.28.1 uses the interface only for its first Gloo context; the one
+    that carries every collective resolves the host's name instead (see README.rst,
+    "Hosts whose name resolves to loopback").
+    """
+    return _gloo_problem() is None and _extension_has(_IFACE_FIX_MARKER)
 
 
 def require_gloo() -> None:

@@ -13,10 +13,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import cloudpickle
 import ray
+from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from horovod_ray import placement
+from horovod_ray import network, placement
 from horovod_ray._stack import require_gloo
 from horovod_ray.errors import (
     ConfigError,
@@ -28,7 +29,7 @@ from horovod_ray.errors import (
     _describe_failures,
 )
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
-from horovod_ray.rendezvous import RendezvousServer
+from horovod_ray.rendezvous import ClusterRendezvous, RendezvousServer
 from horovod_ray.settings import Settings, WorkerLayout, create_settings
 from horovod_ray.worker import FnArg, RemoteWorker
 
@@ -97,7 +98,7 @@ class _Runtime:
     workers: list[Any]
     ranks: list[RankInfo]
     nodes: list[dict[str, Any]]
-    rendezvous: RendezvousServer
+    rendezvous: RendezvousServer | ClusterRendezvous
     group: PlacementGroup | None
     owns_group: bool
 
@@ -109,7 +110,7 @@ class _Resources:
         self.group: PlacementGroup | None = None
         self.owns_group = False
         self.workers: list[Any] = []
-        self.rendezvous: RendezvousServer | None = None
+        self.rendezvous: RendezvousServer | ClusterRendezvous | None = None
 
 
 class RayExecutor:
@@ -333,11 +334,23 @@ class RayExecutor:
         ranks = [infos[i] for i in order]
         nodes = [nodes[i] for i in order]
 
-        driver_ip = ray.util.get_node_ip_address()
-        local_job = all(node["node_ip"] == driver_ip for node in nodes)
-        bind_address = "127.0.0.1" if local_job else driver_ip
+        # A Ray Client driver is outside the cluster, out of the workers' reach: its
+        # rendezvous server then runs on rank 0's node instead of the driver's.
+        client = ray_client.is_connected()
+        host_ip = nodes[0]["node_ip"] if client else ray.util.get_node_ip_address()
+        local_job = all(node["node_ip"] == host_ip for node in nodes)
+        # Decided for every node before the rendezvous server starts: a node that cannot
+        # take part fails the start with nothing more taken.
+        ifaces = [network.gloo_iface(node, self.settings.nics, local_job) for node in nodes]
+        network.check_hostnames(nodes, local_job)
+        bind_address = "127.0.0.1" if local_job else host_ip
         allowed = {bind_address} | {node["node_ip"] for node in nodes}
-        rendezvous = RendezvousServer(bind_address, allowed, self.settings.verbose)
+        if client:
+            rendezvous = ClusterRendezvous(
+                nodes[0]["node_id"], bind_address, allowed, self.settings.verbose, timeout_s
+            )
+        else:
+            rendezvous = RendezvousServer(bind_address, allowed, self.settings.verbose)
         taken.rendezvous = rendezvous
         _, port = rendezvous.start(ranks)
 
@@ -350,30 +363,12 @@ class RayExecutor:
             "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(self.settings.timeout_s)),
         }
         setups = []
-        for worker, rank, node in zip(workers, ranks, nodes, strict=True):
-            env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": self._iface(node, local_job)}
+        for worker, rank, iface in zip(workers, ranks, ifaces, strict=True):
+            env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": iface}
             env.update(extra_env)
             setups.append(worker.setup.remote(env, rank.world_rank == 0, executable))
         _get_all(setups, what="set up its environment or build executable_cls", nodes=nodes)
         return _Runtime(workers, ranks, nodes, rendezvous, group, taken.owns_group)
-
-    def _iface(self, node: Mapping[str, Any], local_job: bool) -> str:
-        nics = self.settings.nics
-        if nics:
-            if nics[0] not in node["interfaces"]:
-                raise ConfigError(
-                    "nics",
-                    f"interface {nics[0]!r} from nics does not exist on node {node['node_ip']} "
-                    f"(it has {node['interfaces']}); name an interface every node has",
-                )
-            return nics[0]
-        iface = node["loopback_iface"] if local_job else node["node_ip_iface"]
-        if iface is None:
-            raise HorovodRayError(
-                f"found no network interface holding {node['node_ip']} on that node; "
-                f"pass nics=['<interface>'] to create_settings"
-            )
-        return iface
 
     def _log_ranks(self, runtime: _Runtime) -> None:
         level = logging.INFO if self.settings.verbose >= 1 else logging.DEBUG
@@ -793,17 +788,21 @@ def _followers(
 ) -> set[int]:
     """The lost ranks that died because another node was lost, not as a cause.
 
-    A node is gone when one of its ranks cannot be reached, or when all of its ranks are
-    lost while some other node still has a live rank. Lost ranks on the other nodes then
-    followed it. Without a gone node, every lost rank is a cause.
+    A node is gone when one of its ranks cannot be reached. Without such proof, a node is
+    taken as gone when all of its ranks are lost while some other node still has a live
+    rank (Ray reports the ranks of a removed node as dead, not unreachable). Proof wins:
+    a node with one rank whose process died, next to an unreachable node, is a rank that
+    horovod aborted after losing its peer, not a second lost node. Lost ranks on the
+    nodes that are not gone followed. Without a gone node, every lost rank is a cause.
     """
-    ranks_on: dict[str, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        ranks_on.setdefault(node["node_id"], []).append(rank)
-    wholly_lost = {node for node, ranks in ranks_on.items() if all(r in lost for r in ranks)}
-    if len(wholly_lost) == len(ranks_on):
-        wholly_lost = set()  # nothing survived: no node to tell apart
-    gone = wholly_lost | {nodes[rank]["node_id"] for rank in unreachable}
+    gone = {nodes[rank]["node_id"] for rank in unreachable}
+    if not gone:
+        ranks_on: dict[str, list[int]] = {}
+        for rank, node in enumerate(nodes):
+            ranks_on.setdefault(node["node_id"], []).append(rank)
+        gone = {node for node, ranks in ranks_on.items() if all(r in lost for r in ranks)}
+        if len(gone) == len(ranks_on):
+            gone = set()  # nothing survived: no node to tell apart
     if not gone:
         return set()
     return {rank for rank in lost if nodes[rank]["node_id"] not in gone}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import numbers
-import socket
 from typing import Iterable
 
 from horovod_ray.errors import ConfigError
@@ -37,19 +36,26 @@ def require_positive(name: str, value: object, *, integer: bool = False) -> None
 
 
 def _normalize_nics(nics: object) -> tuple[str, ...] | None:
+    """Checks the shape of ``nics``; which node has which interface is checked at start."""
     if nics is None:
         return None
     if isinstance(nics, str):
         # A bare string would otherwise be read as a set of one-letter interfaces.
         return _normalize_nics([nics])
     if isinstance(nics, (set, frozenset)):
-        items = sorted(nics, key=str)
+        if len(nics) > 1:
+            raise ConfigError(
+                "nics",
+                f"nics is an order of preference (each node uses the first it has), so a set "
+                f"of several is ambiguous: give a list such as {sorted(nics, key=str)!r}",
+            )
+        items = list(nics)
     elif isinstance(nics, (list, tuple)):
         items = list(nics)
     else:
         raise ConfigError(
             "nics",
-            f"nics must be None or a list/set of interface names such as ['eth0'], "
+            f"nics must be None or a list of interface names such as ['eth0', 'ens5'], "
             f"got {type(nics).__name__} {nics!r}",
         )
     if not items:
@@ -57,25 +63,7 @@ def _normalize_nics(nics: object) -> tuple[str, ...] | None:
     for item in items:
         if not isinstance(item, str) or not item:
             raise ConfigError("nics", f"nics must hold interface names (str), got {item!r}")
-    known = local_interfaces()
-    unknown = [item for item in items if item not in known]
-    if unknown:
-        raise ConfigError(
-            "nics",
-            f"nics names interface(s) {unknown} that this machine does not have; "
-            f"known: {sorted(known)}",
-        )
     return tuple(dict.fromkeys(items))
-
-
-def local_interfaces() -> dict[str, list[str]]:
-    """This machine's network interfaces: name -> its IPv4 addresses."""
-    import psutil
-
-    return {
-        name: [addr.address for addr in addrs if addr.family == socket.AF_INET]
-        for name, addrs in psutil.net_if_addrs().items()
-    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +73,10 @@ class Settings:
     Attributes:
         timeout_s: Seconds Gloo waits for peers (rendezvous and collectives) before failing.
         placement_group_timeout_s: Seconds to wait for Ray to reserve the workers' resources.
-        nics: Network interfaces Gloo may use (the first one is used); None picks one per
-            node: loopback when the whole job is on one node, else the interface holding the
-            node's Ray address.
+        nics: Network interfaces Gloo may use, in order of preference: on each node the
+            ranks use the first of them that node has (a node with none of them fails the
+            start). None picks one per node: loopback when the whole job is on one node,
+            else the interface holding the node's Ray address.
         verbose: 0 logs the rank table at DEBUG, 1 at INFO, 2 also logs rendezvous traffic.
     """
 

@@ -11,14 +11,16 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import socket
 import threading
 from typing import Any, Callable, Mapping, Union
 
 import cloudpickle
 import ray
 
+from horovod_ray._stack import gloo_iface_fixed
 from horovod_ray.errors import ConfigError
-from horovod_ray.settings import local_interfaces
+from horovod_ray.network import hostname_address, interface_holding, local_interfaces
 
 CONTROL_GROUP = "control"
 
@@ -100,10 +102,6 @@ def post(item: object) -> None:
         channel.put(item)
 
 
-def _interface_holding(interfaces: Mapping[str, list[str]], address: str) -> str | None:
-    return next((name for name, addrs in interfaces.items() if address in addrs), None)
-
-
 class Worker:
     """Hosts one Horovod rank. Created by the executor; not for direct use."""
 
@@ -130,10 +128,13 @@ class Worker:
         return {
             "node_id": context.get_node_id(),
             "node_ip": node_ip,
-            "node_ip_iface": _interface_holding(interfaces, node_ip),
-            "loopback_iface": _interface_holding(interfaces, "127.0.0.1"),
+            "node_ip_iface": interface_holding(interfaces, node_ip),
+            "loopback_iface": interface_holding(interfaces, "127.0.0.1"),
             "gpu_ids": tuple(str(gpu) for gpu in ray.get_gpu_ids()),
             "interfaces": sorted(interfaces),
+            "hostname": socket.gethostname(),
+            "hostname_address": hostname_address(),
+            "gloo_iface_fixed": gloo_iface_fixed(),
             "pid": os.getpid(),
         }
 

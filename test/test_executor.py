@@ -423,6 +423,23 @@ def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
     assert executor.state is ExecutorState.FAILED
 
 
+def test_nics_none_of_which_a_node_has_fail_the_start_and_release_everything(ray_4cpu, no_leaks):
+    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", "eth-none1"])
+    executor = RayExecutor(settings, num_workers=2)
+    with pytest.raises(ConfigError, match=r"has none of the interfaces in nics=") as info:
+        executor.start()
+    assert info.value.parameter == "nics"
+    assert "'lo'" in str(info.value)  # what the node does have
+    assert executor.state is ExecutorState.FAILED
+
+
+def test_nics_take_the_first_interface_a_node_has(ray_4cpu, no_leaks):
+    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", "lo"])
+    with RayExecutor(settings, num_workers=2) as executor:
+        assert [r["sum"] for r in executor.run(horovod_identity)] == [3.0, 3.0]
+        assert executor.run(lambda: os.environ["HOROVOD_GLOO_IFACE"]) == ["lo", "lo"]
+
+
 def test_fake_gpus_share_cuda_visible_devices_per_node():
     from test.conftest import start_local_ray
 

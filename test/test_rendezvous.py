@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
+from horovod_ray.network import local_interfaces
 from horovod_ray.ranks import WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import MAX_BODY_BYTES, RendezvousServer
-from horovod_ray.settings import local_interfaces
 
 RANKS = assign_ranks([WorkerRecord("node-a"), WorkerRecord("node-a")])
 

@@ -21,7 +21,7 @@ BAD_SETTINGS = [
     ({"nics": {"eth0": 1}}, "nics"),
     ({"nics": []}, "nics"),
     ({"nics": [""]}, "nics"),
-    ({"nics": ["no-such-nic0"]}, "nics"),
+    ({"nics": {"eth0", "ens5"}}, "nics"),  # a set has no order of preference
     ({"verbose": -1}, "verbose"),
     ({"verbose": "loud"}, "verbose"),
 ]
@@ -75,6 +75,10 @@ def test_settings_are_frozen_and_normalized():
     assert settings == Settings(timeout_s=30, nics=("lo",))
     assert settings.nics == ("lo",)
     assert RayExecutor.create_settings(nics="lo").nics == ("lo",)
+    # An order of preference, kept as given (duplicates dropped); which node has which
+    # interface is only known at start.
+    ordered = RayExecutor.create_settings(nics=["ens5", "eth0", "ens5", "no-such-nic0"])
+    assert ordered.nics == ("ens5", "eth0", "no-such-nic0")
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.timeout_s = 1
 

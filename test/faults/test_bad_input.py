@@ -41,8 +41,8 @@ CASES = {
         "placement_group_timeout_s",
     ),
     "settings nics int": (lambda: RayExecutor.create_settings(nics=7), "nics"),
-    "settings nics unknown name": (
-        lambda: RayExecutor.create_settings(nics=["eth-none-such"]),
+    "settings nics unordered set": (
+        lambda: RayExecutor.create_settings(nics={"eth0", "ens5"}),
         "nics",
     ),
     "settings nics empty": (lambda: RayExecutor.create_settings(nics=set()), "nics"),

@@ -216,6 +216,9 @@ def test_fifty_start_stop_cycles_do_not_grow_anything(local_ray):
         ("aabb", {0, 1, 2, 3}, set(), set()),
         # Two nodes wholly lost, one still up: both are causes.
         ("abc", {1, 2}, set(), set()),
+        # Host c lost (unreachable); the one rank of node a died after it (horovod's
+        # abort): a follower, not a second lost node.
+        ("abc", {0, 2}, {2}, {0}),
     ],
 )
 def test_ranks_that_died_after_a_node_was_lost_are_consequences(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -74,6 +76,14 @@ def run_fresh_python(code: str, timeout_s: float = 180) -> str:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The code blocks of README.rst in ``language``, in order, unindented."""
+    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text()
+    pattern = rf"^\.\. code-block:: {language}\n\n((?:(?:    .*)?\n)+)"
+    blocks = re.findall(pattern, readme, flags=re.MULTILINE)
+    return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]
 
 
 def alive_actors() -> list:

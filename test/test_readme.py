@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from test.conftest import start_cluster, start_local_ray
+from test.conftest import readme_blocks, start_cluster, start_local_ray
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.rst").read_text()
@@ -19,13 +19,7 @@ README = (ROOT / "README.rst").read_text()
 pytestmark = pytest.mark.timeout(300)
 
 
-def _blocks(language: str) -> list[str]:
-    pattern = rf"^\.\. code-block:: {language}\n\n((?:(?:    .*)?\n)+)"
-    blocks = re.findall(pattern, README, flags=re.MULTILINE)
-    return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]
-
-
-PYTHON = _blocks("python")
+PYTHON = readme_blocks("python")
 
 
 def _run_python(code: str, env: dict | None = None) -> str:
@@ -42,11 +36,14 @@ def _run_python(code: str, env: dict | None = None) -> str:
 
 
 def test_readme_has_the_snippets_this_test_runs():
-    assert len(PYTHON) == 4
+    assert len(PYTHON) == 5
     assert "horovod_ray.run(allreduce_ranks" in PYTHON[0]
     assert "RayExecutor(settings" in PYTHON[1]
     assert "DistributedTrainableCreator(train" in PYTHON[2]
     assert 'ray.init(address="auto")' in PYTHON[3]
+    # Run on simulated hosts, with the head's address for HEAD (test/hosts).
+    assert 'ray.init("ray://HEAD:10001")' in PYTHON[4]
+    assert any("ray job submit --address http://HEAD:8265" in b for b in readme_blocks("bash"))
 
 
 def test_quickstart_run_snippet():

@@ -1,0 +1,315 @@
+"""Driver programs for the simulated-hosts tests, run on a simulated host.
+
+``python scenarios.py NAME PARAMS_JSON`` connects to the harness's Ray cluster, runs one
+scenario and prints ``RESULT <json>`` for the test to check. Run as ``__main__``, so the
+functions sent to the ranks travel by value and the cluster needs nothing of this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import ray
+
+import horovod_ray
+from horovod_ray import RayExecutor
+
+SCENARIOS: dict[str, Callable[[dict], dict]] = {}
+
+
+def scenario(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def rank_facts() -> dict:
+    """What a rank knows of itself after one allreduce: identity, interface, peers."""
+    import socket
+
+    import horovod.tensorflow as hvd
+    import psutil
+    import tensorflow as tf
+
+    hvd.init()
+    total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+    links = [
+        [c.laddr.ip, c.laddr.port, c.raddr.ip, c.raddr.port]
+        for c in psutil.Process().net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.raddr
+    ]
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "hostname": socket.gethostname(),
+        "iface": os.environ["HOROVOD_GLOO_IFACE"],
+        "sum": total,
+        "links": links,
+    }
+
+
+def peer_links(facts: list[dict]) -> list[list]:
+    """The TCP connections between two ranks of the job: Gloo's pairs.
+
+    A connection is a pair when one rank's (local, remote) is another rank's (remote,
+    local); Ray's own connections to raylets and the GCS never are.
+    """
+    ends = {}
+    for fact in facts:
+        for lip, lport, rip, rport in fact["links"]:
+            ends[(lip, lport, rip, rport)] = fact["rank"]
+    pairs = []
+    for (lip, lport, rip, rport), rank in ends.items():
+        peer = ends.get((rip, rport, lip, lport))
+        if peer is not None and peer != rank and rank < peer:
+            pairs.append([rank, lip, peer, rip])
+    return pairs
+
+
+# The harness's GCS: the state API would otherwise look for Ray instances on this machine
+# and stop at any other one running beside the harness.
+_GCS_ADDRESS = ""
+
+
+def cluster_state() -> dict:
+    """Actors alive and placement groups not removed, to check that nothing leaked."""
+    from ray.util import state
+
+    actors = state.list_actors(
+        address=_GCS_ADDRESS,
+        filters=[("state", "=", "ALIVE")],
+        raise_on_missing_output=False,
+    )
+    groups = state.list_placement_groups(address=_GCS_ADDRESS, raise_on_missing_output=False)
+    return {
+        "alive_actors": [a.class_name for a in actors],
+        "live_groups": [g.placement_group_id for g in groups if g.state != "REMOVED"],
+    }
+
+
+def settle() -> dict:
+    """Cluster state once what a job released has gone (Ray confirms asynchronously)."""
+    deadline = time.monotonic() + 20
+    current = cluster_state()
+    while (current["alive_actors"] or current["live_groups"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = cluster_state()
+    return current
+
+
+@scenario
+def spread(params: dict) -> dict:
+    """One job over hosts; each rank's identity, interface and Gloo peer addresses."""
+    with RayExecutor(
+        RayExecutor.create_settings(timeout_s=60, nics=params.get("nics")),
+        num_hosts=params["num_hosts"],
+        num_workers_per_host=params["num_slots"],
+    ) as executor:
+        facts = executor.run(rank_facts)
+        nodes = [rank.node_id for rank in executor.ranks]
+        rendezvous = executor.rendezvous_address
+    return {
+        "facts": facts,
+        "pairs": peer_links(facts),
+        "nodes": nodes,
+        "rendezvous": list(rendezvous),
+        "after": settle(),
+    }
+
+
+@scenario
+def expect_error(params: dict) -> dict:
+    """A job that must fail to start: the error, and what it left behind."""
+    before = cluster_state()
+    try:
+        horovod_ray.run(
+            rank_facts, num_hosts=params["num_hosts"], num_slots=1, nics=params.get("nics")
+        )
+    except horovod_ray.HorovodRayError as err:
+        error = {"type": type(err).__name__, "text": str(err)}
+        error["parameter"] = getattr(err, "parameter", None)
+    else:
+        error = None
+    return {"error": error, "before": before, "after": settle()}
+
+
+def probe(netns: str, url: str) -> str:
+    """GET ``url`` from inside a simulated host; the HTTP status, or the error's name."""
+    code = (
+        "import sys, urllib.request, urllib.error\n"
+        "try:\n"
+        "    print(urllib.request.urlopen(sys.argv[1], timeout=5).status)\n"
+        "except urllib.error.HTTPError as e:\n"
+        "    print(e.code)\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__)\n"
+    )
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", code, url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return out.stdout.strip() or out.stderr.strip()[-200:]
+
+
+@scenario
+def refusals(params: dict) -> dict:
+    """A 2-host job's rendezvous server, asked from everywhere while the job runs."""
+    hosts = params["hosts"]
+    by_ip = {h["address"]: h for h in hosts.values()}
+    # Fill the outsider's CPUs, so that the job takes the driver's host and the other one.
+    outsider = hosts[params["outsider"]]
+    filler = ray.util.placement_group([{"CPU": 2, f"node:{outsider['address']}": 0.01}])
+    ray.get(filler.ready(), timeout=60)
+    with RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2) as executor:
+        executor.run(rank_facts)
+        secret_addr = executor.execute_single(lambda _: os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+        host, port = executor.rendezvous_address
+        job_ips = {node_ip for node_ip in executor.run(ray.util.get_node_ip_address)}
+        with_secret = f"http://{secret_addr}:{port}/global/0"
+        without = f"http://{host}:{port}/global/0"
+        worker_host = next(by_ip[ip] for ip in job_ips if ip != host)
+        assert outsider["address"] not in job_ips
+        stranger = next(h for h in hosts.values() if not h["ray_node"])
+        answers = {
+            "job node, secret": probe(worker_host["netns"], with_secret),
+            "job node, no secret": probe(worker_host["netns"], without),
+            "other Ray node, secret": probe(outsider["netns"], with_secret),
+            "not a Ray node, secret": probe(stranger["netns"], with_secret),
+        }
+    ray.util.remove_placement_group(filler)
+    return {"rendezvous": [host, port], "answers": answers, "job_ips": sorted(job_ips)}
+
+
+@scenario
+def node_lost(params: dict) -> dict:
+    """A host dies mid-job (every process on it killed): who is named, how fast."""
+    victim = params["hosts"][params["victim"]]
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=3)
+    executor.start()
+
+    def train() -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        while True:
+            hvd.allreduce(tf.constant(1.0))
+
+    facts = executor.run(rank_facts)
+    addresses = executor.run(ray.util.get_node_ip_address)
+    victim_ranks = [
+        fact["rank"] for fact, ip in zip(facts, addresses, strict=True) if ip == victim["address"]
+    ]
+    killed_at: list[float] = []
+
+    def crash_victim() -> None:
+        time.sleep(3)  # Horovod is initialised already: the ranks are in their loop by now
+        out = subprocess.run(
+            ["ip", "netns", "pids", victim["netns"]], capture_output=True, text=True
+        )
+        killed_at.append(time.monotonic())
+        for pid in out.stdout.split():
+            os.kill(int(pid), 9)
+
+    crasher = threading.Thread(target=crash_victim)
+    crasher.start()
+    error: dict[str, Any] = {}
+    try:
+        executor.run(train)
+    except horovod_ray.WorkerFailedError as err:
+        error = {"failures": sorted(err.failures), "text": str(err)}
+    except horovod_ray.HorovodRayError as err:
+        error = {"type": type(err).__name__, "text": str(err)}
+    crasher.join()
+    seconds = time.monotonic() - killed_at[0]
+    state = executor.state.value
+    executor.stop()
+    return {
+        "victim_ranks": victim_ranks,
+        "error": error,
+        "seconds": seconds,
+        "state": state,
+    }
+
+
+@scenario
+def client(params: dict) -> dict:
+    """Ray Client from a machine that is no Ray node: run(), RayExecutor and Tune."""
+    from ray import tune
+
+    from horovod_ray.tune import DistributedTrainableCreator
+
+    out: dict[str, Any] = {"connected": ray.util.client.ray.is_connected()}
+    out["run"] = horovod_ray.run(rank_facts, num_hosts=2, num_slots=1)
+    with RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2) as executor:
+        out["rendezvous"] = list(executor.rendezvous_address)
+        out["sizes"] = executor.run(lambda: os.environ["HOROVOD_SIZE"])
+        out["single"] = executor.execute_single(lambda _: "rank 0")
+        logged: list = []
+        executor.run(lambda: horovod_ray.log({"hello": 1}), callbacks=[logged.append])
+        out["logged"] = logged
+
+    def train(config: dict) -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        tune.report({"loss": float(hvd.allreduce(tf.constant(config["x"])))})
+
+    trainable = DistributedTrainableCreator(train, num_hosts=2, num_slots=1)
+    results = tune.Tuner(
+        trainable,
+        param_space={"x": 0.5},
+        run_config=tune.RunConfig(storage_path=params["storage"], verbose=0),
+    ).fit()
+    out["tune_loss"] = results.get_best_result(metric="loss", mode="min").metrics["loss"]
+    out["tune_errors"] = results.num_errors
+    out["after"] = settle()
+    return out
+
+
+@scenario
+def allreduce_seconds(params: dict) -> dict:
+    """The bench's B6: B1's timed allreduce loop, one rank on each of two hosts."""
+    from bench import workloads
+
+    settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
+    with RayExecutor(settings, num_hosts=2) as executor:
+        seconds = executor.run(
+            workloads.allreduce_throughput,
+            args=[params["bytes"], params["iters"], params["warmup"]],
+        )
+    return {"seconds": seconds[0]}
+
+
+def main() -> int:
+    global _GCS_ADDRESS
+    name, params = sys.argv[1], json.loads(sys.argv[2])
+    _GCS_ADDRESS = params["gcs_address"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    address = params.get("ray_address") or params["gcs_address"]
+    ray.init(address=address, log_to_driver=False)
+    try:
+        result = SCENARIOS[name](params)
+    except Exception:  # noqa: BLE001 - the test shows the traceback
+        result = {"exception": traceback.format_exc()}
+    finally:
+        ray.shutdown()
+    print("RESULT " + json.dumps(result, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -180,11 +180,13 @@ def ensure_gloo_binary(may_install: bool) -> bool:
     return GLOO_BINARY.exists()
 
 
-def raw_gloo_seconds(nbytes: int, iters: int, warmup: int) -> float:
+def raw_gloo_seconds(nbytes: int, iters: int, warmup: int, hosts: tuple = ()) -> float:
+    """Seconds of the C++ ring on 2 ranks: on loopback, or one on each of two ``hosts``."""
     with tempfile.TemporaryDirectory() as store:
         procs = [
             subprocess.Popen(
-                [
+                _on_host(hosts, rank)
+                + [
                     str(GLOO_BINARY),
                     "--rank",
                     str(rank),
@@ -198,6 +200,8 @@ def raw_gloo_seconds(nbytes: int, iters: int, warmup: int) -> float:
                     str(iters),
                     "--warmup",
                     str(warmup),
+                    "--host",
+                    hosts[rank].address if hosts else "127.0.0.1",
                 ],
                 stdout=subprocess.PIPE,
                 text=True,
@@ -206,6 +210,13 @@ def raw_gloo_seconds(nbytes: int, iters: int, warmup: int) -> float:
         ]
         outputs = [proc.communicate(timeout=600)[0] for proc in procs]
     return json.loads(outputs[1])["seconds"]
+
+
+def _on_host(hosts: tuple, rank: int) -> list[str]:
+    """The prefix that runs a command on rank's simulated host (none on this machine)."""
+    if not hosts:
+        return []
+    return hosts[rank].command([])
 
 
 def horovod_ray_run(num_workers: int, fn, *args):
@@ -278,6 +289,42 @@ def b1(mode: Mode, may_install: bool) -> dict:
     }
     if "raw_gloo" in runs:
         out["b1_ratio_vs_raw_gloo"] = ratio(runs["horovod_ray"], runs["raw_gloo"])
+    return out
+
+
+def b6(mode: Mode, may_install: bool) -> dict:
+    """B1 across two simulated hosts: one rank on each, over a bridge between namespaces."""
+    from test.hosts.simhosts import SimHosts, unavailable_reason
+
+    print("B6 allreduce throughput across two simulated hosts, 1 rank each", flush=True)
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"  skipped: {reason}")
+        return {"b6_skipped": reason}
+    nbytes, iters, warmup = mode.b1_bytes, mode.b1_iters, mode.b1_warmup
+    megabytes = nbytes * iters / 1e6
+    with SimHosts(subnet="10.213.11") as sim:
+        first, second = sim.add_host("b1"), sim.add_host("b2", iface="ens5")
+        sim.start_ray(first, 1, head=True, dashboard=False)
+        sim.start_ray(second, 1)
+        sim.wait_for_nodes(2)
+        params = {"bytes": nbytes, "iters": iters, "warmup": warmup}
+        systems = {
+            "horovod_ray": lambda: (
+                megabytes / sim.scenario(first, "allreduce_seconds", **params)["seconds"]
+            ),
+        }
+        if ensure_gloo_binary(may_install):
+            systems["raw_gloo"] = lambda: (
+                megabytes / raw_gloo_seconds(nbytes, iters, warmup, hosts=(first, second))
+            )
+        runs = alternate(systems, mode.reps)
+    out = {
+        "b6_allreduce_mbps": {name: summary(values) for name, values in runs.items()},
+        "b6_setup": {"bytes": nbytes, "iters": iters, "warmup": warmup, "hosts": 2},
+    }
+    if "raw_gloo" in runs:
+        out["b6_ratio_vs_raw_gloo"] = ratio(runs["horovod_ray"], runs["raw_gloo"])
     return out
 
 
@@ -468,6 +515,12 @@ def print_table(results: dict) -> None:
         print(f"  b4_ratio {results['b4_ratio']:.3f}")
     for point, s in results.get("b5_cold_start_s", {}).items():
         print(f"B5 {point:<6} {s['median']:.2f}s")
+    if "b6_allreduce_mbps" in results:
+        print("B6 allreduce across two simulated hosts")
+        for name, s in results["b6_allreduce_mbps"].items():
+            print(row(name, s, "MB/s"))
+        if "b6_ratio_vs_raw_gloo" in results:
+            print(f"  b6_ratio_vs_raw_gloo {results['b6_ratio_vs_raw_gloo']:.3f}")
 
 
 def plot(results: dict, directory: Path) -> list[str]:
@@ -496,6 +549,9 @@ def plot(results: dict, directory: Path) -> list[str]:
 
     if "b1_allreduce_mbps" in results:
         bars("B1 allreduce, 2 workers", results["b1_allreduce_mbps"], "MB/s", "b1_allreduce.png")
+    if "b6_allreduce_mbps" in results:
+        title = "B6 allreduce across 2 simulated hosts"
+        bars(title, results["b6_allreduce_mbps"], "MB/s", "b6_allreduce_hosts.png")
     for workers, systems in results.get("b2_cold_start_s", {}).items():
         bars(f"B2 cold start, {workers} workers", systems, "seconds", f"b2_cold_{workers}.png")
     if "b4_tune_s" in results:
@@ -524,7 +580,7 @@ def plot(results: dict, directory: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
-    parser.add_argument("--only", default="b1,b2,b3,b4,b5", help="comma-separated subset")
+    parser.add_argument("--only", default="b1,b2,b3,b4,b5,b6", help="comma-separated subset")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
@@ -554,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
             results.update(b4(mode, storage))
     if "b5" in only:
         results.update(b5(mode))
+    if "b6" in only:
+        results.update(b6(mode, may_install=args.mode != "smoke"))
     ray.shutdown()
     results["wall_s"] = time.perf_counter() - started
     results["plots"] = plot(results, out_path.parent)

@@ -1,10 +1,11 @@
 // Raw Gloo ring allreduce over TCP on loopback: the ceiling for the B1 benchmark.
 //
 // One process per rank, all started by bench/run.py; they meet through a file store.
+// --host picks the address Gloo binds (default loopback; B6 gives each simulated host's).
 // Same work as the Horovod systems: a float32 buffer of --bytes, summed --iters times after
 // --warmup untimed rounds. Rank 0 prints one JSON line with the timed seconds.
 //
-//   gloo_allreduce --rank 0 --size 2 --store /tmp/dir --bytes 67108864 --iters 60
+//   gloo_allreduce --rank 0 --size 2 --store /tmp/dir --bytes 67108864 --iters 60 [--host IP]
 
 #include <chrono>
 #include <cstdio>
@@ -28,6 +29,7 @@ struct Options {
   int size = -1;
   std::string store;
   std::string prefix = "bench";
+  std::string host = "127.0.0.1";
   long bytes = 64L << 20;
   int iters = 60;
   int warmup = 3;
@@ -36,7 +38,7 @@ struct Options {
 [[noreturn]] void Usage(const char* program) {
   std::fprintf(stderr,
                "usage: %s --rank R --size N --store DIR [--prefix P] [--bytes B] "
-               "[--iters I] [--warmup W]\n",
+               "[--iters I] [--warmup W] [--host IP]\n",
                program);
   std::exit(2);
 }
@@ -53,6 +55,7 @@ Options Parse(int argc, char** argv) {
     else if (flag == "--bytes") options.bytes = std::atol(value);
     else if (flag == "--iters") options.iters = std::atoi(value);
     else if (flag == "--warmup") options.warmup = std::atoi(value);
+    else if (flag == "--host") options.host = value;
     else Usage(argv[0]);
   }
   if (options.rank < 0 || options.size < 1 || options.rank >= options.size ||
@@ -68,7 +71,7 @@ int main(int argc, char** argv) {
   const Options options = Parse(argc, argv);
 
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = options.host;
   auto device = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore file_store(options.store);
   gloo::rendezvous::PrefixStore store(options.prefix, file_store);

@@ -7,6 +7,7 @@ from horovod_ray.errors import (
     HorovodRayError,
     PlacementTimeoutError,
     RendezvousError,
+    StartCancelledError,
     WorkerFailedError,
 )
 from horovod_ray.executor import ExecutorState, RayExecutor
@@ -23,6 +24,7 @@ __all__ = [
     "RayExecutor",
     "RendezvousError",
     "Settings",
+    "StartCancelledError",
     "WorkerFailedError",
     "__version__",
     "log",

@@ -40,6 +40,19 @@ class ExecutorStateError(HorovodRayError):
     """A RayExecutor method was called in a state that does not allow it."""
 
 
+class StartCancelledError(ExecutorStateError):
+    """``start()`` gave up because ``stop()`` was called while it ran; all was released."""
+
+    def __init__(
+        self,
+        message: str = (
+            "start() was cancelled: stop() was called while the job was starting; "
+            "everything it had taken was released"
+        ),
+    ) -> None:
+        super().__init__(message)
+
+
 class WorkerFailedError(HorovodRayError):
     """One or more Horovod ranks raised an exception or died.
 

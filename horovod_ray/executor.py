@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 import math
 import re
@@ -25,9 +24,11 @@ from horovod_ray.errors import (
     HorovodRayError,
     PlacementTimeoutError,
     RendezvousError,
+    StartCancelledError,
     WorkerFailedError,
     _describe_failures,
 )
+from horovod_ray.lifecycle import FINAL, ExecutorState, Lifecycle
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import ClusterRendezvous, RendezvousServer
 from horovod_ray.settings import Settings, WorkerLayout, create_settings
@@ -39,6 +40,10 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
+# How often start()'s waits look whether stop() was called.
+CANCEL_POLL_S = 0.1
+# Longest stop() waits for a cancelled start() to release what it took.
+STOP_CANCEL_S = 30.0
 # After a failure, seconds a rank gets to answer a ping before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0
 # After a rank is found lost, seconds before ranks that raised are asked again.
@@ -66,29 +71,6 @@ MANAGED_ENV = frozenset(
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
     }
 )
-
-
-class ExecutorState(enum.Enum):
-    """Where a RayExecutor is in its life.
-
-    Allowed transitions::
-
-        CREATED  -> STARTING -> RUNNING -> STOPPING -> STOPPED
-        CREATED  -> STOPPED                 (stop() before start())
-        STARTING -> FAILED                  (start failed; everything taken was released)
-        RUNNING  -> FAILED                  (a rank failed, or a call was aborted by
-                                             Ctrl-C or a raising callback; everything
-                                             was released)
-
-    STOPPED and FAILED are final: a new job needs a new RayExecutor.
-    """
-
-    CREATED = "created"
-    STARTING = "starting"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    FAILED = "failed"
 
 
 @dataclasses.dataclass
@@ -146,7 +128,7 @@ class RayExecutor:
         settings: Settings | None = None,
         num_workers: int | None = None,
         num_hosts: int | None = None,
-        num_workers_per_host: int = 1,
+        num_workers_per_host: int | None = 1,
         cpus_per_worker: float = 1,
         use_gpu: bool = False,
         gpus_per_worker: float | None = None,
@@ -172,7 +154,9 @@ class RayExecutor:
         )
         if not use_current_placement_group:
             self.layout.require_counts()
-        self._state = ExecutorState.CREATED
+        self._lifecycle = Lifecycle()
+        # Set by stop() while start() runs: start() then gives up at its next wait.
+        self._cancel = threading.Event()
         self._lock = threading.RLock()
         self._runtime: _Runtime | None = None
         self._calls_in_flight = 0
@@ -186,7 +170,7 @@ class RayExecutor:
     @property
     def state(self) -> ExecutorState:
         """The current lifecycle state."""
-        return self._state
+        return self._lifecycle.state
 
     @property
     def num_workers(self) -> int:
@@ -209,7 +193,7 @@ class RayExecutor:
         return self._running("placement_group").group
 
     def __repr__(self) -> str:
-        return f"RayExecutor(state={self._state.value}, layout={self.layout})"
+        return f"RayExecutor(state={self.state.value}, layout={self.layout})"
 
     # ------------------------------------------------------------------------ start
 
@@ -218,7 +202,7 @@ class RayExecutor:
         executable_cls: Callable[..., Any] | None = None,
         executable_args: Sequence[Any] | None = None,
         executable_kwargs: Mapping[str, Any] | None = None,
-        extra_env_vars: Mapping[str, str] | None = None,
+        extra_env_vars: Mapping[str, object] | None = None,
     ) -> None:
         """Reserves resources, starts one actor per rank and the rendezvous server.
 
@@ -230,7 +214,8 @@ class RayExecutor:
                 passes the instance to its function.
             executable_args: Positional arguments for ``executable_cls``.
             executable_kwargs: Keyword arguments for ``executable_cls``.
-            extra_env_vars: More environment variables (str to str) for every rank.
+            extra_env_vars: More environment variables for every rank; int, float and
+                bool values are passed as ``str(value)``.
 
         Raises:
             ConfigError: A bad argument (nothing was started).
@@ -239,12 +224,11 @@ class RayExecutor:
             PlacementTimeoutError: Ray could not place the ranks in time.
             WorkerFailedError: ``executable_cls`` raised on some rank.
         """
-        with self._lock:
-            if self._state is not ExecutorState.CREATED:
-                raise ExecutorStateError(
-                    f"start() needs a new executor, this one is {self._state.value}; "
-                    f"create a new RayExecutor"
-                )
+        if self.state is not ExecutorState.CREATED:
+            raise ExecutorStateError(
+                f"start() needs a new executor, this one is {self.state.value}; "
+                f"create a new RayExecutor"
+            )
         if executable_cls is not None and not callable(executable_cls):
             raise ConfigError(
                 "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
@@ -269,28 +253,49 @@ class RayExecutor:
             plan = placement.plan_new_group(self.layout)
         else:
             plan = placement.plan_existing_group(self.layout, group.bundle_specs)
-        with self._lock:
-            if self._state is not ExecutorState.CREATED:
-                raise ExecutorStateError("start() raced with another start() or stop()")
-            self._state = ExecutorState.STARTING
+        if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
+            raise ExecutorStateError("start() raced with another start() or stop()")
 
         taken = _Resources()
         try:
             runtime = self._start(plan, group, taken, executable, env)
+            self._check_cancel()
         except BaseException as err:
             _release(taken, grace_s=0)
-            with self._lock:
-                self._state = ExecutorState.FAILED
+            cancelled = self._cancel.is_set()
+            final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
+            self._lifecycle.transition([ExecutorState.STARTING], final)
             interrupt = _interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
+            if cancelled and not isinstance(err, StartCancelledError):
+                raise StartCancelledError() from err
             if isinstance(err, HorovodRayError):
                 raise
             raise HorovodRayError(f"RayExecutor.start() failed: {err}") from err
         with self._lock:
             self._runtime = runtime
-            self._state = ExecutorState.RUNNING
+        self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         self._log_ranks(runtime)
+
+    def _check_cancel(self) -> None:
+        """Raises when stop() was called during start()."""
+        if self._cancel.is_set():
+            raise StartCancelledError()
+
+    def _wait(self, refs: list[ray.ObjectRef], timeout_s: float) -> list[ray.ObjectRef]:
+        """ray.wait for all of ``refs`` that stop() can cut short; returns those not ready."""
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs)
+        while pending:
+            self._check_cancel()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _, pending = ray.wait(
+                pending, num_returns=len(pending), timeout=min(left, CANCEL_POLL_S)
+            )
+        return pending
 
     def _start(
         self,
@@ -302,7 +307,7 @@ class RayExecutor:
     ) -> _Runtime:
         timeout_s = self.settings.placement_group_timeout_s
         if plan.bundles:
-            group = placement.reserve(plan, timeout_s)
+            group = placement.reserve(plan, timeout_s, check=self._check_cancel)
             taken.group, taken.owns_group = group, True
         else:
             taken.group = group
@@ -319,7 +324,7 @@ class RayExecutor:
 
         # The first answer from each actor also tells us it was scheduled.
         info_refs = [worker.node_info.remote() for worker in taken.workers]
-        ready, not_ready = ray.wait(info_refs, num_returns=len(info_refs), timeout=timeout_s)
+        not_ready = self._wait(info_refs, timeout_s)
         if not_ready:
             raise PlacementTimeoutError(
                 f"{len(not_ready)} of {len(info_refs)} workers were not scheduled within "
@@ -367,6 +372,7 @@ class RayExecutor:
             env = {**common, **rank.env(), "HOROVOD_GLOO_IFACE": iface}
             env.update(extra_env)
             setups.append(worker.setup.remote(env, rank.world_rank == 0, executable))
+        self._wait(setups, math.inf)
         _get_all(setups, what="set up its environment or build executable_cls", nodes=nodes)
         return _Runtime(workers, ranks, nodes, rendezvous, group, taken.owns_group)
 
@@ -674,45 +680,45 @@ class RayExecutor:
 
     def _abort(self, runtime: _Runtime) -> None:
         """Stops a job whose call did not complete, at once; the executor ends FAILED."""
-        with self._lock:
-            if self._state is not ExecutorState.RUNNING:
-                return
-            self._state = ExecutorState.STOPPING
+        if not self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+            return
         try:
             _release(runtime, grace_s=0)
         finally:
-            with self._lock:
-                self._state = ExecutorState.FAILED
+            self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.FAILED)
 
     # ------------------------------------------------------------------------- stop
 
     def stop(self) -> None:
         """Stops the job: workers (a grace period, then killed), rendezvous, placement.
 
-        Idempotent; safe in any state, including after a failure.
+        Idempotent; safe in any state, including after a failure. During ``start()`` (from
+        another thread), makes ``start()`` give up at its next wait, release what it took
+        and raise; returns once it has.
         """
+        lifecycle = self._lifecycle
+        if lifecycle.transition([ExecutorState.CREATED], ExecutorState.STOPPED):
+            return
+        if lifecycle.state is ExecutorState.STARTING:
+            self._cancel.set()
+            if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
+                logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
+                return
         with self._lock:
-            state = self._state
-            if state is ExecutorState.CREATED:
-                self._state = ExecutorState.STOPPED
-                return
-            if state is not ExecutorState.RUNNING:
-                return
-            self._state = ExecutorState.STOPPING
             runtime = self._runtime
             busy = self._calls_in_flight > 0
+        if not lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+            return
         try:
-            grace = 0 if busy else STOP_GRACE_S
-            _release(runtime, grace_s=grace)
+            _release(runtime, grace_s=0 if busy else STOP_GRACE_S)
         finally:
-            with self._lock:
-                self._state = ExecutorState.STOPPED
+            lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
         logger.debug("Horovod job stopped")
 
     shutdown = stop
 
     def __enter__(self) -> RayExecutor:
-        if self._state is ExecutorState.CREATED:
+        if self.state is ExecutorState.CREATED:
             self.start()
         return self
 
@@ -721,7 +727,7 @@ class RayExecutor:
 
     def _running(self, action: str) -> _Runtime:
         with self._lock:
-            state, runtime = self._state, self._runtime
+            state, runtime = self.state, self._runtime
         if state is ExecutorState.RUNNING and runtime is not None:
             return runtime
         if state is ExecutorState.CREATED:
@@ -895,19 +901,26 @@ def _as_kwargs(name: str, value: Mapping[str, Any] | None) -> dict:
     return dict(value)
 
 
-def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+def _check_env(env: Mapping[str, object] | None) -> dict[str, str]:
+    """Checks ``extra_env_vars``; numbers and booleans become ``str(value)``, as upstream."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
         raise ConfigError(
             "extra_env_vars", f"extra_env_vars must be a dict of str to str, got {env!r}"
         )
+    checked = {}
     for key, value in env.items():
-        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+        if not isinstance(key, str) or not key or "=" in key:
             raise ConfigError(
                 "extra_env_vars",
-                f"extra_env_vars must map names to str values, got {key!r}: {value!r} "
-                f"(write numbers as strings, e.g. '1')",
+                f"extra_env_vars keys must be variable names, got {key!r}",
+            )
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars values must be str, int, float or bool, got {key!r}: "
+                f"{value!r} ({type(value).__name__})",
             )
         if key in MANAGED_ENV:
             raise ConfigError(
@@ -915,7 +928,8 @@ def _check_env(env: Mapping[str, str] | None) -> dict[str, str]:
                 f"extra_env_vars may not set {key}: the executor sets it (use "
                 f"create_settings for timeouts and interfaces)",
             )
-    return dict(env)
+        checked[key] = str(value)
+    return checked
 
 
 def _check_callbacks(callbacks: object) -> list[Callable[[dict], None]]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -103,18 +104,37 @@ def current_group(layout: WorkerLayout) -> PlacementGroup | None:
     return ray.util.get_current_placement_group()
 
 
-def reserve(plan: PlacementPlan, timeout_s: float) -> PlacementGroup:
+# How often a wait for the group gives the caller a chance to give up.
+_POLL_S = 0.1
+
+
+def reserve(
+    plan: PlacementPlan, timeout_s: float, check: Callable[[], None] = lambda: None
+) -> PlacementGroup:
     """Creates the plan's placement group and waits until Ray has reserved it.
 
+    Args:
+        plan: What to reserve.
+        timeout_s: Longest wait.
+        check: Called every ~0.1 s while waiting; whatever it raises ends the wait.
+
     Raises:
-        PlacementTimeoutError: Not reserved within ``timeout_s``; the group is removed
-            (as it is when the wait is interrupted).
+        PlacementTimeoutError: Not reserved within ``timeout_s``. The group is removed,
+            as it is when the wait is interrupted or ``check`` raises.
     """
     group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy)
+    deadline = time.monotonic() + timeout_s
+    ready: list = []
     try:
-        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        waiting = group.ready()
+        while not ready:
+            check()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _ = ray.wait([waiting], timeout=min(left, _POLL_S))
     except BaseException:
-        # Ctrl-C while waiting: the caller never sees the group, so it cannot remove it.
+        # Ctrl-C or a cancel while waiting: the caller never sees the group to remove it.
         ray.util.remove_placement_group(group)
         raise
     if ready:

@@ -135,7 +135,8 @@ class WorkerLayout:
 
     num_workers: int | None = None
     num_hosts: int | None = None
-    num_workers_per_host: int = 1
+    # None is accepted where the count is unused, as horovod.ray accepts it.
+    num_workers_per_host: int | None = 1
     cpus_per_worker: float = 1
     use_gpu: bool = False
     gpus_per_worker: float | None = None
@@ -152,6 +153,13 @@ class WorkerLayout:
                 "give either num_workers (workers packed anywhere) or num_hosts with "
                 "num_workers_per_host (workers spread over hosts), not both",
             )
+        if self.num_workers_per_host is None:
+            if self.num_hosts is not None:
+                raise ConfigError(
+                    "num_workers_per_host",
+                    "num_hosts needs num_workers_per_host (ranks on each host), got None",
+                )
+            object.__setattr__(self, "num_workers_per_host", 1)
         require_positive("num_workers_per_host", self.num_workers_per_host, integer=True)
         require_positive("cpus_per_worker", self.cpus_per_worker)
         if not isinstance(self.use_gpu, bool):

@@ -14,6 +14,7 @@ from horovod_ray import (
     ExecutorState,
     ExecutorStateError,
     RayExecutor,
+    StartCancelledError,
     WorkerFailedError,
     log,
 )
@@ -224,11 +225,12 @@ def _counting(remote, calls):
 
 def test_extra_env_vars_reach_every_rank(ray_4cpu, no_leaks):
     executor = RayExecutor(SETTINGS, num_workers=2)
-    executor.start(extra_env_vars={"MY_FLAG": "on", "HOROVOD_CYCLE_TIME": "1"})
+    # Numbers and booleans pass as str(value), as horovod.ray passes them.
+    env = {"MY_FLAG": "on", "HOROVOD_CYCLE_TIME": 1, "MY_RATE": 0.5, "MY_BOOL": True}
+    executor.start(extra_env_vars=env)
     try:
         assert (
-            executor.run(lambda: (os.environ["MY_FLAG"], os.environ["HOROVOD_CYCLE_TIME"]))
-            == [("on", "1")] * 2
+            executor.run(lambda: [os.environ[k] for k in env]) == [["on", "1", "0.5", "True"]] * 2
         )
     finally:
         executor.stop()
@@ -240,7 +242,8 @@ def test_extra_env_vars_reach_every_rank(ray_4cpu, no_leaks):
         ({"executable_cls": 5}, "executable_cls"),
         ({"executable_args": "abc"}, "executable_args"),
         ({"executable_kwargs": [1]}, "executable_kwargs"),
-        ({"extra_env_vars": {"A": 1}}, "extra_env_vars"),
+        ({"extra_env_vars": {"A": [1]}}, "extra_env_vars"),
+        ({"extra_env_vars": {"A": None}}, "extra_env_vars"),
         ({"extra_env_vars": ["A=1"]}, "extra_env_vars"),
         ({"extra_env_vars": {"HOROVOD_RANK": "3"}}, "extra_env_vars"),
     ],
@@ -410,6 +413,47 @@ def test_ctrl_c_while_placing_removes_the_group_and_stays_a_keyboard_interrupt(
         executor.start()
     assert executor.state is ExecutorState.FAILED
     # no_leaks: the group created before the wait was removed.
+
+
+def _start_in_thread(executor: RayExecutor) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def start() -> None:
+        try:
+            executor.start(executable_cls=SlowToBuild)
+        except BaseException as err:  # noqa: BLE001 - the test reads it
+            outcome.append(err)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    return thread, outcome
+
+
+class SlowToBuild:
+    def __init__(self):
+        time.sleep(20)
+
+
+@pytest.mark.parametrize(
+    "layout, stage",
+    [
+        ({"num_workers": 8}, "waiting for a placement group that cannot fit"),
+        ({"num_workers": 2}, "building executable_cls on the ranks"),
+    ],
+)
+def test_stop_during_start_makes_start_give_up_and_release(ray_4cpu, no_leaks, layout, stage):
+    settings = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=60)
+    executor = RayExecutor(settings, **layout)
+    thread, outcome = _start_in_thread(executor)
+    assert wait_until(lambda: executor.state is ExecutorState.STARTING, timeout_s=10)
+    time.sleep(2)  # well inside the stage named above
+    executor.stop()
+    thread.join(timeout=15)
+    assert not thread.is_alive(), f"start() did not give up while {stage}"
+    assert isinstance(outcome[0], StartCancelledError), outcome
+    assert executor.state is ExecutorState.STOPPED
+    with pytest.raises(ExecutorStateError):
+        executor.run(lambda: 1)
 
 
 def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):

@@ -33,6 +33,7 @@ BAD_LAYOUTS = [
     ({"num_workers": 2, "num_hosts": 1}, "num_workers"),
     ({"num_hosts": 0}, "num_hosts"),
     ({"num_hosts": 2, "num_workers_per_host": 0}, "num_workers_per_host"),
+    ({"num_hosts": 2, "num_workers_per_host": None}, "num_workers_per_host"),
     ({"num_workers": 2, "cpus_per_worker": 0}, "cpus_per_worker"),
     ({"num_workers": 2, "cpus_per_worker": -1}, "cpus_per_worker"),
     ({"num_workers": 2, "gpus_per_worker": 1}, "gpus_per_worker"),
@@ -96,7 +97,17 @@ def test_ssh_arguments_are_accepted_ignored_and_warned_once(caplog, tmp_path, mo
 
 
 def test_valid_layouts_are_accepted():
-    RayExecutor(num_workers=3, cpus_per_worker=0.5)
-    RayExecutor(num_hosts=2, num_workers_per_host=4)
-    RayExecutor(num_workers=2, use_gpu=True, gpus_per_worker=0.5)
-    RayExecutor()  # counts may come from an enclosing placement group at start()
+    assert RayExecutor(num_workers=3, cpus_per_worker=0.5).layout.worker_resources() == {"CPU": 0.5}
+    spread = RayExecutor(num_hosts=2, num_workers_per_host=4).layout
+    assert (spread.num_hosts, spread.num_workers_per_host) == (2, 4)
+    gpus = RayExecutor(num_workers=2, use_gpu=True, gpus_per_worker=0.5).layout
+    assert gpus.worker_resources() == {"CPU": 1.0, "GPU": 0.5}
+    # Counts may come from an enclosing placement group at start().
+    assert RayExecutor().layout.num_workers is None
+
+
+def test_none_for_an_unused_count_is_accepted_as_horovod_ray_does():
+    # horovod.ray's own tests pass exactly this.
+    layout = RayExecutor(num_workers=4, num_workers_per_host=None).layout
+    assert (layout.num_workers, layout.num_hosts, layout.num_workers_per_host) == (4, None, 1)
+    assert RayExecutor(num_workers=None, num_hosts=2, num_workers_per_host=2).layout.num_hosts == 2

@@ -1,0 +1,65 @@
+"""The executor's state table and its one writer, without Ray."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from horovod_ray.lifecycle import FINAL, TRANSITIONS, ExecutorState, Lifecycle
+
+S = ExecutorState
+# Every path a job can take, as the executor's docstring lists them.
+PATHS = [
+    [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED],  # start, stop
+    [S.CREATED, S.STOPPED],  # stop() before start()
+    [S.CREATED, S.STARTING, S.FAILED],  # start failed
+    [S.CREATED, S.STARTING, S.STOPPED],  # stop() during start()
+    [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.FAILED],  # a call failed
+]
+
+
+def _walk(path: list[ExecutorState]) -> Lifecycle:
+    lifecycle = Lifecycle()
+    for before, after in itertools.pairwise(path):
+        assert lifecycle.transition([before], after)
+    return lifecycle
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: "-".join(s.value for s in p))
+def test_every_documented_path_is_allowed(path):
+    assert _walk(path).state is path[-1]
+
+
+def test_the_table_holds_exactly_the_documented_moves():
+    documented = {pair for path in PATHS for pair in itertools.pairwise(path)}
+    table = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert table == documented
+    assert all(not TRANSITIONS[state] for state in FINAL)
+
+
+def test_a_move_from_another_state_does_not_happen():
+    lifecycle = _walk([S.CREATED, S.STOPPED])
+    assert not lifecycle.transition([S.CREATED], S.STARTING)
+    assert lifecycle.state is S.STOPPED
+
+
+@pytest.mark.parametrize(
+    "before, after", [(S.RUNNING, S.FAILED), (S.CREATED, S.RUNNING), (S.STOPPING, S.RUNNING)]
+)
+def test_a_move_the_table_lacks_is_a_bug(before, after):
+    path = {S.RUNNING: PATHS[0][:3], S.CREATED: [S.CREATED], S.STOPPING: PATHS[0][:4]}[before]
+    lifecycle = _walk(path)
+    with pytest.raises(RuntimeError, match="no transition"):
+        lifecycle.transition([before], after)
+    assert lifecycle.state is before
+
+
+def test_wait_for_wakes_on_the_move_and_times_out_without_one():
+    lifecycle = _walk([S.CREATED, S.STARTING])
+    assert not lifecycle.wait_for(FINAL, timeout_s=0.05)
+    mover = threading.Timer(0.05, lifecycle.transition, args=([S.STARTING], S.STOPPED))
+    mover.start()
+    assert lifecycle.wait_for(FINAL, timeout_s=10)
+    mover.join()

@@ -2,7 +2,8 @@
 
 Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
 with TensorFlow and Gloo, exiting non-zero if not, and says whether it carries the Gloo
-interface fix from ``patches/`` (a stock build still works, with the hostname caveat).
+interface fix from ``patches/`` (a stock build still works, with the hostname caveat;
+``--require-fix``, which ``make install`` passes, makes its absence an error).
 """
 
 import os
@@ -13,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from horovod_ray._stack import INSTALL_HINT, gloo_iface_fixed, require_gloo  # noqa: E402
 
 
-def _full_check() -> int:
+def _full_check(require_fix: bool) -> int:
     from horovod.common.util import extension_available, gloo_built
 
     failures = []
@@ -34,10 +35,12 @@ def _full_check() -> int:
         print(
             "horovod_ray: horovod lacks the Gloo interface fix: a job across hosts needs each "
             "host's name to resolve to a routable address (not 127.0.1.1); `make install` in "
-            "a horovod_ray checkout builds horovod with the fix"
+            "a horovod_ray checkout builds horovod with the fix",
+            file=sys.stderr if require_fix else sys.stdout,
         )
+        return 1 if require_fix else 0
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(_full_check())
+    sys.exit(_full_check(require_fix="--require-fix" in sys.argv[1:]))

@@ -63,7 +63,7 @@ def gloo_iface_fixed() -> bool:
 
     A stock horovod 0.28.1 uses the interface only for its first Gloo context; the one
     that carries every collective resolves the host's name instead (see README.rst,
-    "Hosts whose name resolves to loopback").
+    "Using an existing Ray cluster").
     """
     return _gloo_problem() is None and _extension_has(_IFACE_FIX_MARKER)
 

@@ -39,7 +39,8 @@ def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
     if _current["kind"] == kind and ray.is_initialized():
         return
     _shutdown()
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=False)
+    # "local": a new instance, never another Ray that happens to run on this machine.
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=False)
     _current["kind"] = kind
 
 
@@ -86,22 +87,34 @@ def readme_blocks(language: str) -> list[str]:
     return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]
 
 
+def _this_cluster() -> str:
+    # The state API would otherwise look for Ray instances on this machine and stop at
+    # any other one (another test run, a user's Ray).
+    return ray.get_runtime_context().gcs_address
+
+
 def alive_actors() -> list:
-    return ray_state.list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
+    return ray_state.list_actors(
+        address=_this_cluster(), filters=[("state", "=", "ALIVE")], raise_on_missing_output=False
+    )
 
 
 def all_actors() -> list:
     """Every actor this cluster has had, dead ones included."""
-    return ray_state.list_actors(limit=10_000, raise_on_missing_output=False)
+    return ray_state.list_actors(
+        address=_this_cluster(), limit=10_000, raise_on_missing_output=False
+    )
 
 
 def all_placement_groups() -> list:
     """Every placement group this cluster has had, removed ones included."""
-    return ray_state.list_placement_groups(limit=10_000, raise_on_missing_output=False)
+    return ray_state.list_placement_groups(
+        address=_this_cluster(), limit=10_000, raise_on_missing_output=False
+    )
 
 
 def live_placement_groups() -> list:
-    groups = ray_state.list_placement_groups(raise_on_missing_output=False)
+    groups = ray_state.list_placement_groups(address=_this_cluster(), raise_on_missing_output=False)
     return [g for g in groups if g.state not in ("REMOVED",)]
 
 

@@ -33,27 +33,20 @@ def rank_facts() -> dict:
     """What a rank knows of itself after one allreduce: identity, interface, peers."""
     import socket
 
-    import horovod.tensorflow as hvd
     import psutil
-    import tensorflow as tf
 
-    hvd.init()
-    total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+    from test.horovod_identity import horovod_identity
+
+    facts = horovod_identity()
     links = [
         [c.laddr.ip, c.laddr.port, c.raddr.ip, c.raddr.port]
         for c in psutil.Process().net_connections(kind="tcp")
         if c.status == psutil.CONN_ESTABLISHED and c.raddr
     ]
     return {
-        "rank": hvd.rank(),
-        "size": hvd.size(),
-        "local_rank": hvd.local_rank(),
-        "local_size": hvd.local_size(),
-        "cross_rank": hvd.cross_rank(),
-        "cross_size": hvd.cross_size(),
+        **facts,
         "hostname": socket.gethostname(),
         "iface": os.environ["HOROVOD_GLOO_IFACE"],
-        "sum": total,
         "links": links,
     }
 
@@ -204,6 +197,8 @@ def node_lost(params: dict) -> dict:
         import tensorflow as tf
 
         hvd.init()
+        hvd.allreduce(tf.constant(1.0))
+        horovod_ray.log({"in_loop": True})  # the driver crashes the host on this
         while True:
             hvd.allreduce(tf.constant(1.0))
 
@@ -215,7 +210,6 @@ def node_lost(params: dict) -> dict:
     killed_at: list[float] = []
 
     def crash_victim() -> None:
-        time.sleep(3)  # Horovod is initialised already: the ranks are in their loop by now
         out = subprocess.run(
             ["ip", "netns", "pids", victim["netns"]], capture_output=True, text=True
         )
@@ -224,16 +218,21 @@ def node_lost(params: dict) -> dict:
             os.kill(int(pid), 9)
 
     crasher = threading.Thread(target=crash_victim)
-    crasher.start()
+
+    def on_log(item: dict) -> None:
+        if not crasher.is_alive() and not killed_at:
+            crasher.start()
+
     error: dict[str, Any] = {}
     try:
-        executor.run(train)
+        executor.run(train, callbacks=[on_log])
     except horovod_ray.WorkerFailedError as err:
         error = {"failures": sorted(err.failures), "text": str(err)}
     except horovod_ray.HorovodRayError as err:
         error = {"type": type(err).__name__, "text": str(err)}
-    crasher.join()
-    seconds = time.monotonic() - killed_at[0]
+    if crasher.ident is not None:
+        crasher.join()
+    seconds = time.monotonic() - killed_at[0] if killed_at else None
     state = executor.state.value
     executor.stop()
     return {
@@ -300,7 +299,13 @@ def main() -> int:
     _GCS_ADDRESS = params["gcs_address"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     address = params.get("ray_address") or params["gcs_address"]
-    ray.init(address=address, log_to_driver=False)
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionAbortedError as err:
+        # Ray Client's server side starts a process per client; on a loaded machine its
+        # start has failed once in many runs. That is Ray's setup, not what is tested.
+        print(f"Ray Client connection failed, trying once more: {err}", file=sys.stderr)
+        ray.init(address=address, log_to_driver=False)
     try:
         result = SCENARIOS[name](params)
     except Exception:  # noqa: BLE001 - the test shows the traceback

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -84,6 +84,35 @@ class Host:
         return [int(pid) for pid in out.split()]
 
 
+# Names of the harness's namespaces and temp dirs: hr<pid><letter>-...
+_NAME = re.compile(r"^hr(\d+)[a-z]-")
+
+
+def sweep_stale() -> list[str]:
+    """Removes what harnesses of processes that are gone left behind (a killed pytest).
+
+    Only names of this harness's pattern whose creating process no longer runs: their
+    processes are ended by pid, then the namespaces and temp dirs removed.
+    """
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    dirs = [str(p) for p in Path("/tmp").glob("hr*-*")]
+    swept = []
+    for name in names + dirs:
+        match = _NAME.match(Path(name).name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        if name in dirs:
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+            for pid in pids.stdout.split():
+                _kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        swept.append(name)
+    return swept
+
+
 class SimHosts:
     """A set of simulated hosts on one bridge; use as a context manager.
 
@@ -96,18 +125,30 @@ class SimHosts:
     def __init__(self, subnet: str = "10.213.7") -> None:
         self.subnet = subnet
         SimHosts._made += 1
-        self.tag = f"hr{os.getpid() % 100000}{chr(ord('a') + SimHosts._made % 26)}"
-        self.root = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/tmp"))
+        self.tag = f"hr{os.getpid()}{chr(ord('a') + SimHosts._made % 26)}"
+        self.root = Path("/tmp") / f"{self.tag}-hosts"
         self.switch = f"{self.tag}-sw"
         self.hosts: dict[str, Host] = {}
         self.head: Host | None = None
         self._made_netns: list[str] = []
+        self._networks: dict[str, str] = {}  # bridge name -> subnet
+        # Host name -> its address on a second network, where a harness adds one.
+        self.second_network: dict[str, str] = {}
 
     def __enter__(self) -> SimHosts:
-        self._add_netns(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        try:
+            self.root.mkdir()
+            self._add_netns(self.switch)
+            self._add_bridge("br0", self.subnet)
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _add_bridge(self, bridge: str, subnet: str) -> None:
+        _ip("-n", self.switch, "link", "add", bridge, "type", "bridge")
+        _ip("-n", self.switch, "link", "set", bridge, "up")
+        self._networks[bridge] = subnet
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -129,14 +170,7 @@ class SimHosts:
         index = len(self.hosts) + 1
         netns = f"{self.tag}-{name}"
         self._add_netns(netns)
-        port = f"port{index}"  # the bridge's end, inside the switch's namespace
-        _ip("-n", self.switch, "link", "add", port, "type", "veth",
-            "peer", "name", iface, "netns", netns)  # fmt: skip
-        _ip("-n", self.switch, "link", "set", port, "master", "br0")
-        _ip("-n", self.switch, "link", "set", port, "up")
-        address = f"{self.subnet}.{index}"
-        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", iface)
-        _ip("-n", netns, "link", "set", iface, "up")
+        address = self._plug(netns, index, "br0", iface)
         host = Host(
             name=name,
             netns=netns,
@@ -152,6 +186,36 @@ class SimHosts:
         host.hosts_file.write_text(f"127.0.0.1 localhost\n::1 localhost\n{own} {host.hostname}\n")
         self._write_peer_names()
         return host
+
+    def _plug(self, netns: str, index: int, bridge: str, iface: str) -> str:
+        """Links ``netns`` to ``bridge`` through ``iface``; returns the address it got."""
+        port = f"{bridge}p{index}"  # the bridge's end, inside the switch's namespace
+        _ip("-n", self.switch, "link", "add", port, "type", "veth",
+            "peer", "name", iface, "netns", netns)  # fmt: skip
+        _ip("-n", self.switch, "link", "set", port, "master", bridge)
+        _ip("-n", self.switch, "link", "set", port, "up")
+        address = f"{self._networks[bridge]}.{index}"
+        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", iface)
+        _ip("-n", netns, "link", "set", iface, "up")
+        return address
+
+    def add_network(self, bridge: str, subnet: str, ifaces: dict[str, str]) -> dict[str, str]:
+        """A second network: a bridge joining some hosts through interfaces of their own.
+
+        Args:
+            bridge: The new bridge's name (``br1``, ...).
+            subnet: Its /24's first three octets.
+            ifaces: Host name -> the name its interface on this network gets.
+
+        Returns:
+            Host name -> its address on this network.
+        """
+        self._add_bridge(bridge, subnet)
+        index = {name: i for i, name in enumerate(self.hosts, start=1)}
+        return {
+            name: self._plug(self.hosts[name].netns, index[name], bridge, iface)
+            for name, iface in ifaces.items()
+        }
 
     def _write_peer_names(self) -> None:
         for host in self.hosts.values():
@@ -202,13 +266,19 @@ class SimHosts:
             raise RuntimeError(f"ray start on {host.name} failed:\n{result.stderr[-3000:]}")
         host.ray_node = True
 
-    def wait_for_nodes(self, count: int, timeout_s: float = 120) -> None:
-        """Waits until the cluster has ``count`` live nodes."""
+    def wait_for_nodes(self, timeout_s: float = 120) -> None:
+        """Waits until the live nodes are exactly one per Ray host, each at its address.
+
+        A crashed host's node stays "alive" until Ray's health checks give up on it, so a
+        restarted host is only ready once its old node is gone and its new one is there.
+        """
+        wanted = sorted(h.address for h in self.hosts.values() if h.ray_node)
         code = (
             "import ray, sys, time\n"
             f"ray.init(address={self.gcs_address!r}, log_to_driver=False)\n"
             f"deadline = time.time() + {timeout_s}\n"
-            f"while sum(n['Alive'] for n in ray.nodes()) < {count}:\n"
+            "alive = lambda: sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])\n"
+            f"while alive() != {wanted!r}:\n"
             "    assert time.time() < deadline, ray.nodes()\n"
             "    time.sleep(0.5)\n"
         )
@@ -242,7 +312,9 @@ class SimHosts:
         result = self.python(host, [script, name, payload], timeout_s=timeout_s)
         lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
         assert lines, f"scenario {name} printed no result:\n{result.stdout[-3000:]}"
-        return json.loads(lines[-1][len("RESULT ") :])
+        outcome = json.loads(lines[-1][len("RESULT ") :])
+        assert "exception" not in outcome, f"scenario {name} raised:\n{outcome['exception']}"
+        return outcome
 
     def crash(self, host: Host) -> None:
         """Ends every process on ``host`` at once, as a host that loses power."""
@@ -260,9 +332,13 @@ class SimHosts:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(h.pids() for h in self.hosts.values()):
             time.sleep(0.2)
-        for host in self.hosts.values():
-            for pid in host.pids():
-                _kill(pid, signal.SIGKILL)
+        # Again until none is left: a process may fork while the last ones are killed.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(h.pids() for h in self.hosts.values()):
+            for host in self.hosts.values():
+                for pid in host.pids():
+                    _kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
         for netns in reversed(self._made_netns):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
         self._made_netns.clear()
@@ -272,6 +348,7 @@ class SimHosts:
         """What of the harness is still on the machine (empty after close)."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         found = [line.split()[0] for line in listed.splitlines() if line.startswith(self.tag)]
+        found += [f"pid {pid}" for host in self.hosts.values() for pid in host.pids()]
         if self.root.exists():
             found.append(str(self.root))
         return found

@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 .PHONY: install test demo lint bench bench-quick native clean
 
 install: $(STAMP)
-	@$(PY) -m horovod_ray._check_install
+	@$(PY) -m horovod_ray._check_install --require-fix
 
 $(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
 	# horovod's source release, with this repo's fixes applied (see patches/), compiled
 	# against the TensorFlow installed above, so no build isolation.
 	rm -rf $(HOROVOD_SRC) build/horovod-sdist
-	$(PIP) download --quiet --no-deps --no-binary :all: -d build/horovod-sdist \
+	$(PIP) download --quiet --no-deps --no-binary horovod -d build/horovod-sdist \
 		horovod==$(HOROVOD_VERSION)
 	tar -xzf build/horovod-sdist/horovod-$(HOROVOD_VERSION).tar.gz -C build
 	for p in $(HOROVOD_PATCHES); do git apply --directory=$(HOROVOD_SRC) $$p || exit 1; done
@@ -35,8 +35,13 @@ $(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
 	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples,bench]'
 	touch $(STAMP)
 
+# Pure logic first (no Ray, seconds), then everything on real Ray.
+UNIT_TESTS := test/test_calls.py test/test_errors.py test/test_failures.py \
+	test/test_lifecycle.py test/test_network.py test/test_ranks.py test/test_settings.py
+
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS) test
+	$(PY) -m pytest $(PYTEST_ARGS) $(UNIT_TESTS)
+	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(UNIT_TESTS)) test
 
 demo: install
 	$(PY) examples/tensorflow2_digits.py --num-workers 2

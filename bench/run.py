@@ -307,7 +307,7 @@ def b6(mode: Mode, may_install: bool) -> dict:
         first, second = sim.add_host("b1"), sim.add_host("b2", iface="ens5")
         sim.start_ray(first, 1, head=True, dashboard=False)
         sim.start_ray(second, 1)
-        sim.wait_for_nodes(2)
+        sim.wait_for_nodes()
         params = {"bytes": nbytes, "iters": iters, "warmup": warmup}
         systems = {
             "horovod_ray": lambda: (
@@ -391,6 +391,7 @@ def b3(mode: Mode) -> dict:
         executor.execute(workloads.noop)
         systems = {
             "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
+            "horovod_ray run()": lambda: timed(lambda: executor.run(os.getpid)),
             "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
         }
         runs = alternate(systems, mode.reps)
@@ -399,6 +400,7 @@ def b3(mode: Mode) -> dict:
     return {
         "b3_call_ms": {name: summary(values) for name, values in runs.items()},
         "b3_ratio": ratio(runs["horovod_ray"], runs["bare_ray"]),
+        "b3_run_ratio": ratio(runs["horovod_ray run()"], runs["bare_ray"]),
     }
 
 
@@ -507,7 +509,7 @@ def print_table(results: dict) -> None:
         print("B3 no-op call, 4 workers")
         for name, s in results["b3_call_ms"].items():
             print(row(name, s, "ms"))
-        print(f"  b3_ratio {results['b3_ratio']:.3f}")
+        print(f"  b3_ratio {results['b3_ratio']:.3f}  b3_run_ratio {results['b3_run_ratio']:.3f}")
     if "b4_tune_s" in results:
         print("B4 Tune turnaround")
         for name, s in results["b4_tune_s"].items():

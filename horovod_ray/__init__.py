@@ -11,9 +11,9 @@ from horovod_ray.errors import (
     WorkerFailedError,
 )
 from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.logs import log
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
-from horovod_ray.worker import log
 
 __all__ = [
     "ConfigError",

@@ -25,7 +25,7 @@ import logging
 import re
 import secrets
 import threading
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -34,6 +34,8 @@ from horovod_ray.ranks import RankInfo
 
 logger = logging.getLogger(__name__)
 
+# Longest the driver waits for the in-cluster rendezvous actor to answer a question.
+ACTOR_ANSWER_S = 5.0
 # Gloo stores short addresses; anything near this size is not a Gloo client.
 MAX_BODY_BYTES = 1 << 20
 _PATH = re.compile(r"^/([A-Za-z0-9_.:\-]{1,256})/([A-Za-z0-9_.:\-]{1,256})$")
@@ -251,14 +253,15 @@ class ClusterRendezvous:
         self._node_id = node_id
         self._args = (bind_address, tuple(allowed_sources), verbose)
         self._timeout_s = timeout_s
-        self._actor = None
+        self._actor: Any = None
         self._address: tuple[str, int] | None = None
         self._worker_address = ""
 
     @property
     def worker_address(self) -> str:
         """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
-        self.address  # noqa: B018 - raises when not running
+        if self._address is None:
+            raise RendezvousError("the rendezvous server is not running")
         return self._worker_address
 
     @property
@@ -291,6 +294,10 @@ class ClusterRendezvous:
             if isinstance(cause, RendezvousError):
                 raise RendezvousError(str(cause).splitlines()[-1]) from err
             raise RendezvousError(f"the rendezvous actor failed to start: {err}") from err
+        except ray.exceptions.RayActorError as err:
+            raise RendezvousError(
+                f"the rendezvous actor on node {self._node_id[:12]} died while starting: {err}"
+            ) from err
         except (ray.exceptions.RayError, TimeoutError) as err:
             raise RendezvousError(
                 f"the rendezvous actor on node {self._node_id[:12]} did not start within "
@@ -299,16 +306,16 @@ class ClusterRendezvous:
         logger.debug("rendezvous server listening on %s:%d (in the cluster)", *self._address)
         return self._address
 
-    def joined_ranks(self) -> set[int]:
-        """As RendezvousServer.joined_ranks; empty when the actor cannot answer."""
+    def joined_ranks(self) -> set[int] | None:
+        """As RendezvousServer.joined_ranks; None when the actor cannot answer."""
         import ray
 
         if self._actor is None:
-            return set()
+            return None
         try:
-            return ray.get(self._actor.joined_ranks.remote(), timeout=5)
+            return ray.get(self._actor.joined_ranks.remote(), timeout=ACTOR_ANSWER_S)
         except (ray.exceptions.RayError, TimeoutError):
-            return set()
+            return None
 
     def stop(self) -> None:
         """Closes the server's socket, then ends the actor. Safe to call more than once."""
@@ -318,7 +325,10 @@ class ClusterRendezvous:
         if actor is None:
             return
         try:
-            ray.get(actor.stop.remote(), timeout=5)
-        except (ray.exceptions.RayError, TimeoutError):
+            ray.get(actor.stop.remote(), timeout=ACTOR_ANSWER_S)
+        except Exception:  # noqa: BLE001 - gone, or the client lost: kill it all the same
             logger.debug("rendezvous actor did not stop cleanly", exc_info=True)
-        ray.kill(actor, no_restart=True)
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            logger.debug("kill of the rendezvous actor failed", exc_info=True)

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
-from horovod_ray.executor import (
-    RayExecutor,
-    _as_kwargs,
-    _as_tuple,
-    _check_callbacks,
-    _check_env,
-    _pickle_args,
-    _pickle_fn,
-)
-from horovod_ray.settings import create_settings
+from horovod_ray import calls
+from horovod_ray.executor import RayExecutor
+from horovod_ray.settings import check_env, create_settings
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +32,8 @@ def run(
 
     Starts a job, runs the function on every rank, and stops the job whatever happens
     (success, a failed rank, Ctrl-C). If no Ray is running in this process, a local one is
-    started with ``ray.init()`` and left running for later calls; to use a cluster, call
+    started (``ray.init(address="local")``, or the cluster in ``RAY_ADDRESS`` when that is
+    set, as in a Ray Job) and left running for later calls; to use a cluster, call
     ``ray.init(address=...)`` first.
 
     Args:
@@ -50,7 +45,8 @@ def run(
         cpus_per_slot: CPUs each rank reserves.
         use_gpu: Reserve one GPU per rank.
         timeout_s: Seconds Gloo waits for peers before failing.
-        nics: Network interfaces for Gloo, e.g. ``["eth0"]``; None picks one.
+        nics: Network interfaces for Gloo in order of preference, e.g.
+            ``["eth0", "ens5"]``: each node uses the first it has. None picks one.
         env: More environment variables (str to str) for every rank.
         callbacks: Called on the driver with each dict rank 0 passes to ``log()``.
 
@@ -70,16 +66,22 @@ def run(
         cpus_per_worker=cpus_per_slot,
         use_gpu=use_gpu,
     )
-    # Everything the executor would check later is checked now, before Ray starts.
-    _pickle_fn("train_fn", train_fn)
-    _pickle_args(_as_tuple("args", args), _as_kwargs("kwargs", kwargs))
-    _check_env(env)
-    _check_callbacks(callbacks)
+    # Everything the executor would check later is checked now, before Ray starts, and
+    # the function and its arguments are pickled once, here.
+    call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
+    check_env(env)
+    callbacks = calls.check_callbacks(callbacks)
     if not ray.is_initialized():
-        logger.info("no Ray running in this process: starting a local one with ray.init()")
-        ray.init()
+        if os.environ.get("RAY_ADDRESS"):
+            # A Ray Job's driver, or a user's choice: join that cluster.
+            logger.info("no Ray running in this process: joining RAY_ADDRESS")
+            ray.init()
+        else:
+            # A new local instance, never another one that happens to run on the machine.
+            logger.info("no Ray running in this process: starting a local one")
+            ray.init(address="local")
     try:
         executor.start(extra_env_vars=env)
-        return executor.run(train_fn, args=args, kwargs=kwargs, callbacks=callbacks)
+        return executor.run_call(call, callbacks)
     finally:
         executor.stop()

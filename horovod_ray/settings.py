@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import numbers
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from horovod_ray.errors import ConfigError
 
@@ -199,3 +199,54 @@ class WorkerLayout:
                 "give num_workers (e.g. num_workers=2) or num_hosts with num_workers_per_host; "
                 "only inside an existing placement group may both be omitted",
             )
+
+
+# Environment variables the executor sets itself; extra_env_vars may not override them.
+MANAGED_ENV = frozenset(
+    {
+        "HOROVOD_RANK",
+        "HOROVOD_SIZE",
+        "HOROVOD_LOCAL_RANK",
+        "HOROVOD_LOCAL_SIZE",
+        "HOROVOD_CROSS_RANK",
+        "HOROVOD_CROSS_SIZE",
+        "HOROVOD_HOSTNAME",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        "HOROVOD_CONTROLLER",
+        "HOROVOD_CPU_OPERATIONS",
+        "HOROVOD_GLOO_IFACE",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    }
+)
+
+
+def check_env(env: Mapping[str, object] | None) -> dict[str, str]:
+    """Checks ``extra_env_vars``; numbers and booleans become ``str(value)``, as upstream."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(
+            "extra_env_vars", f"extra_env_vars must be a dict of str to str, got {env!r}"
+        )
+    checked = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key:
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars keys must be variable names, got {key!r}",
+            )
+        if not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars values must be str, int, float or bool, got {key!r}: "
+                f"{value!r} ({type(value).__name__})",
+            )
+        if key in MANAGED_ENV:
+            raise ConfigError(
+                "extra_env_vars",
+                f"extra_env_vars may not set {key}: the executor sets it (use "
+                f"create_settings for timeouts and interfaces)",
+            )
+        checked[key] = str(value)
+    return checked

@@ -43,10 +43,11 @@ from ray import tune
 from ray.train._internal import session as train_session
 from ray.tune.trainable.function_trainable import wrap_function
 
+from horovod_ray.calls import pickle_fn
 from horovod_ray.errors import ConfigError, HorovodRayError
-from horovod_ray.executor import ExecutorState, RayExecutor, _pickle_fn
+from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.logs import post
 from horovod_ray.settings import Settings, WorkerLayout, create_settings, require_positive
-from horovod_ray.worker import post
 
 logger = logging.getLogger(__name__)
 
@@ -120,13 +121,28 @@ class _RankSession:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
 
 
+def _install_session(session: _RankSession | None) -> None:
+    """The one place that touches Ray's internals: the process-wide session Tune reads.
+
+    ``ray.tune.report`` and ``ray.tune.get_checkpoint`` look up
+    ``ray.train._internal.session._session`` (Ray 2.60). If a Ray upgrade moves it, this
+    fails loudly instead of reports going nowhere (test_tune checks it too).
+    """
+    if not hasattr(train_session, "_session"):
+        raise HorovodRayError(
+            "this Ray keeps Tune's session elsewhere than ray.train._internal.session."
+            "_session; horovod_ray.tune supports Ray 2.60 (see constraints.txt)"
+        )
+    train_session._session = session
+
+
 def _rank_main(func: Callable[[dict], Any], config: dict, checkpoint, trial_info: dict) -> None:
     session = _RankSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial_info)
-    train_session._session = session
+    _install_session(session)
     try:
         func(config)
     finally:
-        train_session._session = None
+        _install_session(None)
         session.close()
 
 
@@ -156,52 +172,75 @@ class _TrialSpec:
     use_gpu: bool
 
 
-# The executors of the trials running in this process, so cleanup() can stop them while
-# the trial's thread is still waiting on its ranks.
-_active: set[RayExecutor] = set()
-# The idle job a finished trial left for the next trial on this actor, with its spec.
-_warm: tuple[_TrialSpec, RayExecutor] | None = None
-_active_lock = threading.Lock()
+class _TrialJobs:
+    """The Horovod jobs of the trials on this actor (one process, one trial at a time).
+
+    ``active``: the running trial's job, so that cleanup() can stop it while the trial's
+    thread still waits on its ranks. ``warm``: the idle job a finished trial left for the
+    next trial on this actor, with the spec it was made for.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: set[RayExecutor] = set()
+        self._warm: tuple[_TrialSpec, RayExecutor] | None = None
+
+    def stop_all(self) -> None:
+        """Stops the running trial's job, if any, and the warm one."""
+        with self._lock:
+            executors = list(self._active)
+            if self._warm is not None:
+                executors.append(self._warm[1])
+                self._warm = None
+        for executor in executors:
+            executor.stop()
+
+    def take_warm(self, spec: _TrialSpec) -> RayExecutor | None:
+        """The job a finished trial left, if it fits ``spec`` and still works; active."""
+        with self._lock:
+            warm, self._warm = self._warm, None
+            if warm is None:
+                return None
+            warm_spec, executor = warm
+            self._active.add(executor)  # cleanup() must find it while it is being checked
+        current = ray.util.get_current_placement_group()
+        try:
+            # placement_group raises when the job is no longer running.
+            same_group = current is not None and executor.placement_group.id == current.id
+            if warm_spec == spec and same_group:
+                executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
+                return executor
+        except HorovodRayError:
+            logger.info("the last trial's warm Horovod job failed or stopped; starting a new one")
+        self.finish(spec, executor, keep=False)
+        return None
+
+    def begin(self, executor: RayExecutor) -> None:
+        with self._lock:
+            self._active.add(executor)
+
+    def finish(self, spec: _TrialSpec, executor: RayExecutor, keep: bool) -> None:
+        """Ends a trial's use of ``executor``: kept warm if ``keep`` and still running."""
+        with self._lock:
+            self._active.discard(executor)
+            keep = keep and executor.state is ExecutorState.RUNNING
+            if keep:
+                self._warm = (spec, executor)
+        if not keep:
+            executor.stop()
+
+
+_jobs = _TrialJobs()
 
 
 def _stop_all() -> None:
-    """Stops the running trial's job, if any, and the warm one."""
-    global _warm
-    with _active_lock:
-        executors = list(_active)
-        if _warm is not None:
-            executors.append(_warm[1])
-            _warm = None
-    for executor in executors:
-        executor.stop()
-
-
-def _take_warm(spec: _TrialSpec) -> RayExecutor | None:
-    """The job a finished trial left on this actor, if it fits ``spec`` and still works."""
-    global _warm
-    with _active_lock:
-        warm, _warm = _warm, None
-        if warm is None:
-            return None
-        warm_spec, executor = warm
-        _active.add(executor)  # cleanup() must find it while it is being checked
-    current = ray.util.get_current_placement_group()
-    try:
-        # placement_group raises when the job is no longer running.
-        if warm_spec == spec and current is not None and executor.placement_group.id == current.id:
-            executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
-            return executor
-    except HorovodRayError:
-        logger.info("the last trial's warm Horovod job failed or stopped; starting a new one")
-    executor.stop()
-    with _active_lock:
-        _active.discard(executor)
-    return None
+    # Module-level, so that the trainable class (pickled by value) refers to it by name
+    # and never tries to pickle the process's _TrialJobs with its lock.
+    _jobs.stop_all()
 
 
 def _run_trial(config: dict, spec: _TrialSpec) -> None:
     """Runs on the trial's actor: the trial's Horovod job, warm from the last trial or new."""
-    global _warm
     checkpoint = _pack_checkpoint(tune.get_checkpoint())
     context = tune.get_context()
     trial_info = {
@@ -210,7 +249,7 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
         "trial_resources": context.get_trial_resources(),
         "experiment_name": context.get_experiment_name(),
     }
-    executor = _take_warm(spec)
+    executor = _jobs.take_warm(spec)
     fresh = executor is None
     if fresh:
         # Inside the trial's placement group: the ranks take its bundles.
@@ -221,8 +260,7 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
             cpus_per_worker=spec.num_cpus_per_slot,
             use_gpu=spec.use_gpu,
         )
-    with _active_lock:
-        _active.add(executor)
+    _jobs.begin(executor)
     finished = False
     try:
         if fresh:
@@ -232,13 +270,7 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
         )
         finished = True
     finally:
-        with _active_lock:
-            _active.discard(executor)
-            keep = finished and executor.state is ExecutorState.RUNNING
-            if keep:
-                _warm = (spec, executor)
-        if not keep:
-            executor.stop()
+        _jobs.finish(spec, executor, keep=finished)
 
 
 def _check_signature(func: Callable[..., Any]) -> None:
@@ -297,7 +329,7 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
         cpus_per_worker=num_cpus_per_slot,
         use_gpu=use_gpu,
     )
-    _pickle_fn("func", func)
+    pickle_fn("func", func)
 
     per_host = {name: amount * num_slots for name, amount in layout.worker_resources().items()}
     resources = tune.PlacementGroupFactory(

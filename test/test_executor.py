@@ -18,7 +18,9 @@ from horovod_ray import (
     WorkerFailedError,
     log,
 )
+from horovod_ray.network import interface_holding, local_interfaces
 from test.conftest import alive_actors, live_placement_groups, run_fresh_python, wait_until
+from test.horovod_identity import horovod_identity as identity
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,20 +28,9 @@ SETTINGS = RayExecutor.create_settings(timeout_s=60, placement_group_timeout_s=3
 
 
 def horovod_identity():
-    """Inits Horovod and returns what it says about this rank, plus an allreduce."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    hvd.init()
-    total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+    """What Horovod says about this rank (after one allreduce), its node, its env."""
     return {
-        "rank": hvd.rank(),
-        "size": hvd.size(),
-        "local_rank": hvd.local_rank(),
-        "local_size": hvd.local_size(),
-        "cross_rank": hvd.cross_rank(),
-        "cross_size": hvd.cross_size(),
-        "sum": float(total.numpy()),
+        **identity(),
         "node_id": ray.get_runtime_context().get_node_id(),
         "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
     }
@@ -80,8 +71,6 @@ class TestRunningJob:
         assert len(set(first)) == 3
 
     def test_functions_are_kept_on_the_ranks_without_mixing_them_up(self, executor, monkeypatch):
-        from horovod_ray import executor as executor_module
-
         def make(value):
             return lambda _: value
 
@@ -91,7 +80,7 @@ class TestRunningJob:
             assert executor.execute_single(second) == "second"  # rank 0 only
             assert executor.execute(second) == ["second"] * 3
         # Past the cache size, functions still run, sent whole each time.
-        monkeypatch.setattr(executor_module, "FN_CACHE_SIZE", 0)
+        monkeypatch.setattr(executor._dispatcher, "_cache_size", 0)
         assert executor.execute(make("third")) == ["third"] * 3
         assert executor.execute(first) == ["first"] * 3
 
@@ -193,9 +182,9 @@ def test_a_repeated_execute_sends_no_arguments_and_keeps_each_calls_logs(
     executor.start(executable_cls=Counter, executable_args=[0], executable_kwargs={"step": 10})
     try:
         again = []
-        for worker in executor._runtime.workers:
-            method = worker.execute_again
-            monkeypatch.setattr(worker, "execute_again", method)
+        for worker in executor._job.actors:
+            method = worker.again
+            monkeypatch.setattr(worker, "again", method)
             monkeypatch.setattr(method, "remote", _counting(method.remote, again))
         seen = []
         assert executor.execute(bump_and_log, callbacks=[seen.append]) == [1, 11]
@@ -470,7 +459,7 @@ def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
 def test_nics_none_of_which_a_node_has_fail_the_start_and_release_everything(ray_4cpu, no_leaks):
     settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", "eth-none1"])
     executor = RayExecutor(settings, num_workers=2)
-    with pytest.raises(ConfigError, match=r"has none of the interfaces in nics=") as info:
+    with pytest.raises(ConfigError, match=r"some nodes have none of these interfaces") as info:
         executor.start()
     assert info.value.parameter == "nics"
     assert "'lo'" in str(info.value)  # what the node does have
@@ -478,10 +467,14 @@ def test_nics_none_of_which_a_node_has_fail_the_start_and_release_everything(ray
 
 
 def test_nics_take_the_first_interface_a_node_has(ray_4cpu, no_leaks):
-    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", "lo"])
+    # Not loopback, which a job on one node uses without nics.
+    node_ip = ray.util.get_node_ip_address()
+    iface = interface_holding(local_interfaces(), node_ip)
+    assert iface not in (None, "lo"), "this test needs the node's address on a real interface"
+    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", iface, "lo"])
     with RayExecutor(settings, num_workers=2) as executor:
         assert [r["sum"] for r in executor.run(horovod_identity)] == [3.0, 3.0]
-        assert executor.run(lambda: os.environ["HOROVOD_GLOO_IFACE"]) == ["lo", "lo"]
+        assert executor.run(lambda: os.environ["HOROVOD_GLOO_IFACE"]) == [iface, iface]
 
 
 def test_fake_gpus_share_cuda_visible_devices_per_node():

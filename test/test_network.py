@@ -5,21 +5,28 @@ from __future__ import annotations
 import pytest
 
 from horovod_ray import ConfigError, HorovodRayError
-from horovod_ray.network import check_hostnames, choose_iface, gloo_iface, hostname_problem
+from horovod_ray.network import (
+    NodeFacts,
+    check_hostnames,
+    choose_iface,
+    gloo_iface,
+    gloo_ifaces,
+    hostname_problem,
+)
 
 
-def node(**facts) -> dict:
+def node(**facts) -> NodeFacts:
     base = {
         "node_id": "a" * 40,
         "node_ip": "10.0.0.2",
         "node_ip_iface": "ens5",
         "loopback_iface": "lo",
-        "interfaces": ["ens5", "lo"],
+        "interfaces": ("ens5", "lo"),
         "hostname": "worker-2",
         "hostname_address": "10.0.0.2",
         "gloo_iface_fixed": False,
     }
-    return {**base, **facts}
+    return NodeFacts(**{**base, **facts})
 
 
 @pytest.mark.parametrize(
@@ -41,18 +48,26 @@ def test_choose_iface_takes_the_first_of_nics_the_node_has(nics, interfaces, exp
         ({}, None, False, "ens5"),  # the interface holding the node's Ray address
         ({}, None, True, "lo"),  # a job wholly on one node stays on loopback
         ({}, ("eth0", "lo"), False, "lo"),
-        ({"interfaces": ["eth0", "ens5", "lo"]}, ("eth0", "ens5"), False, "eth0"),
+        ({"interfaces": ("eth0", "ens5", "lo")}, ("eth0", "ens5"), False, "eth0"),
     ],
 )
 def test_gloo_iface(facts, nics, local_job, expected):
     assert gloo_iface(node(**facts), nics, local_job) == expected
 
 
-def test_gloo_iface_names_the_node_and_its_interfaces_when_none_of_nics_is_there():
-    with pytest.raises(ConfigError, match=r"node 10\.0\.0\.2 \(aaaaaaaaaaaa\)") as info:
-        gloo_iface(node(), ("eth0", "ib0"), False)
+def test_gloo_ifaces_names_every_node_without_any_of_nics_and_what_it_has():
+    nodes = [
+        node(),
+        node(node_ip="10.0.0.3", interfaces=("eth0", "lo")),
+        node(node_ip="10.0.0.4", interfaces=("ib0", "lo")),
+    ]
+    with pytest.raises(ConfigError) as info:
+        gloo_ifaces(nodes, ("eth0", "ib0"), False)
     assert info.value.parameter == "nics"
-    assert "['ens5', 'lo']" in str(info.value)
+    text = str(info.value)
+    assert "node 10.0.0.2 (aaaaaaaaaaaa) has ['ens5', 'lo']" in text
+    assert "10.0.0.3" not in text and "10.0.0.4" not in text
+    assert gloo_ifaces(nodes[1:], ("eth0", "ib0"), False) == ["eth0", "ib0"]
 
 
 def test_gloo_iface_without_nics_needs_an_interface_holding_the_address():

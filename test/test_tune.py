@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from ray import tune
@@ -326,3 +327,22 @@ def test_a_warm_job_that_lost_a_rank_is_replaced_before_the_next_trial(ray_4cpu,
     first, second = (p.split(",") for p in _trial_pids(results))
     assert first[1] != second[1]  # the killed rank was not reused
     assert wait_until(lambda: alive_actors() == [])
+
+
+def test_ranks_session_is_what_ray_tune_reads(tmp_path):
+    """Fails loudly if a Ray upgrade moves the session Tune's functions look up."""
+    from horovod_ray import tune as hr_tune
+
+    (tmp_path / "weights.txt").write_text("w=3")
+    packed = hr_tune._pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
+    session = hr_tune._RankSession(0, packed, {"trial_name": "t0"})
+    hr_tune._install_session(session)
+    try:
+        restored = tune.get_checkpoint()
+        assert restored is not None
+        with restored.as_directory() as directory:
+            assert (Path(directory) / "weights.txt").read_text() == "w=3"
+    finally:
+        hr_tune._install_session(None)
+        session.close()
+    assert tune.get_checkpoint() is None

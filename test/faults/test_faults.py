@@ -203,33 +203,6 @@ def test_fifty_start_stop_cycles_do_not_grow_anything(local_ray):
     assert leaks.process.num_fds() <= leaks.fds + 3
 
 
-@pytest.mark.parametrize(
-    "layout,lost,unreachable,followers",
-    [
-        # Node b wholly lost; rank 0 on node a died after it (horovod's abort).
-        ("aabb", {0, 2, 3}, set(), {0}),
-        # Node b unreachable while one of its ranks still answered; rank 0 followed.
-        ("aabb", {0, 2}, {2}, {0}),
-        # One node, one rank killed: it is the cause.
-        ("aa", {1}, set(), set()),
-        # Everything lost: no surviving node to tell causes from consequences.
-        ("aabb", {0, 1, 2, 3}, set(), set()),
-        # Two nodes wholly lost, one still up: both are causes.
-        ("abc", {1, 2}, set(), set()),
-        # Host c lost (unreachable); the one rank of node a died after it (horovod's
-        # abort): a follower, not a second lost node.
-        ("abc", {0, 2}, {2}, {0}),
-    ],
-)
-def test_ranks_that_died_after_a_node_was_lost_are_consequences(
-    layout, lost, unreachable, followers
-):
-    from horovod_ray.executor import _followers
-
-    nodes = [{"node_id": node} for node in layout]
-    assert _followers(nodes, dict.fromkeys(lost, "lost"), unreachable) == followers
-
-
 def abort_rank_zero_on_a_lost_peer():
     """Loops allreduces; rank 0 ends its process when a collective fails, as horovod may."""
     import horovod.tensorflow as hvd

@@ -1,0 +1,228 @@
+"""How a function call travels from the driver to the ranks: both halves of the protocol.
+
+Measured on this project's machines (docs/benchmarks.rst, "Fixes found by measuring"), a
+call to every rank costs mostly in what each actor call carries. So:
+
+* Functions and arguments are pickled once, on the driver, where an unpicklable one is a
+  ``ConfigError`` naming it; payloads over ``PUT_ABOVE_BYTES`` go to the object store
+  once for all ranks instead of once per rank.
+* A function sent before travels as a small integer key; the ranks keep what they
+  unpickled (:class:`Dispatcher` decides, :class:`RankCalls` keeps). The cache is bounded
+  by count and by bytes, on the driver and so on every rank.
+* A call that repeats the call just before it (same function, same arguments, completed
+  on every rank, nothing in between) goes with no argument at all: each rank runs its
+  last call again as the next call id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import cloudpickle
+import ray
+
+from horovod_ray.errors import ConfigError
+
+# Distinct functions each job keeps unpickled on its ranks, and their pickled bytes.
+FN_CACHE_SIZE = 256
+FN_CACHE_BYTES = 64 << 20
+# A payload larger than this goes to the object store once rather than once per rank.
+PUT_ABOVE_BYTES = 100 << 10
+
+
+# ----------------------------------------------------------------------- checking input
+
+
+def pickle_fn(name: str, fn: object) -> bytes:
+    """``fn`` pickled; ConfigError naming ``name`` if it is not callable or not picklable."""
+    if not callable(fn):
+        raise ConfigError(name, f"{name} must be callable, got {type(fn).__name__} {fn!r}")
+    return pickle_value(name, fn)
+
+
+def pickle_value(name: str, value: object) -> bytes:
+    """``value`` pickled as it will travel; ConfigError naming ``name`` if it cannot be."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as err:
+        raise ConfigError(
+            name, f"{name} cannot be pickled to send to the workers: {type(err).__name__}: {err}"
+        ) from err
+
+
+def as_tuple(name: str, value: Sequence[Any] | None) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ConfigError(name, f"{name} must be a list or tuple, got {type(value).__name__}")
+    return tuple(value)
+
+
+def as_kwargs(name: str, value: Mapping[str, Any] | None) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(name, f"{name} must be a dict with str keys, got {value!r}")
+    return dict(value)
+
+
+def check_callbacks(callbacks: object) -> list[Callable[[dict], None]]:
+    if callbacks is None:
+        return []
+    if callable(callbacks):
+        return [callbacks]
+    if not isinstance(callbacks, (list, tuple)) or not all(callable(c) for c in callbacks):
+        raise ConfigError("callbacks", f"callbacks must be a list of callables, got {callbacks!r}")
+    return list(callbacks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A call checked and pickled once: ``fn(*args, **kwargs)``, or ``fn(executable)``.
+
+    ``args`` is None for an ``execute`` (the rank passes its ``executable_cls`` instance).
+    """
+
+    fn: bytes
+    args: bytes | None
+
+
+def prepare(
+    fn: object,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    fn_name: str = "fn",
+) -> Call:
+    """Checks and pickles a ``run`` call.
+
+    Raises:
+        ConfigError: Naming ``fn_name``, ``args`` or ``kwargs``.
+    """
+    payload = pickle_fn(fn_name, fn)
+    arguments = pickle_value("args", (as_tuple("args", args), as_kwargs("kwargs", kwargs)))
+    return Call(payload, arguments)
+
+
+def prepare_execute(fn: object) -> Call:
+    """Checks and pickles an ``execute`` call."""
+    return Call(pickle_fn("fn", fn), None)
+
+
+# --------------------------------------------------------------------- the driver's half
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """What one call sends to each rank: ``again``, or the full arguments of ``call``."""
+
+    call_id: int
+    again: bool
+    key: int | None  # the function's cache key, None when it goes uncached
+    fn: bytes | ray.ObjectRef | None  # None when the rank has the key already
+    args: bytes | ray.ObjectRef | None
+
+
+class Dispatcher:
+    """Numbers a job's calls and decides what each one sends.
+
+    Thread-safe. The ranks mirror its decisions (see :class:`RankCalls`), so every call
+    that goes to all ranks must go through :meth:`message`, and only calls that completed
+    on every rank may be reported to :meth:`completed`.
+    """
+
+    def __init__(self, cache_size: int = FN_CACHE_SIZE, cache_bytes: int = FN_CACHE_BYTES):
+        self._lock = threading.Lock()
+        self._cache_size = cache_size
+        self._cache_bytes = cache_bytes
+        self._keys: dict[bytes, int] = {}
+        self._cached_bytes = 0
+        self._call_id = 0
+        # (function payload, args payload, call id) of the last call done on every rank.
+        self._last: tuple[bytes, bytes | None, int] | None = None
+
+    def message(self, call: Call, all_ranks: bool = True) -> Message:
+        """The next call id and what to send for ``call``.
+
+        Args:
+            call: The prepared call.
+            all_ranks: False for a call to rank 0 only: it neither uses nor fills the
+                function cache, and it ends any repeat.
+        """
+        with self._lock:
+            self._call_id += 1
+            call_id = self._call_id
+            if not all_ranks:
+                return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
+            if self._last == (call.fn, call.args, call_id - 1):
+                return Message(call_id, True, None, None, None)
+            key = self._keys.get(call.fn)
+            if key is not None:
+                return Message(call_id, False, key, None, _stored(call.args))
+            fits = self._cached_bytes + len(call.fn) <= self._cache_bytes
+            if len(self._keys) >= self._cache_size or not fits:
+                return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
+            key = self._keys[call.fn] = len(self._keys) + 1
+            self._cached_bytes += len(call.fn)
+            return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
+
+    def completed(self, call: Call, message: Message) -> None:
+        """Records that ``message`` returned on every rank: the next one may repeat it."""
+        with self._lock:
+            self._last = (call.fn, call.args, message.call_id)
+
+
+def _stored(payload: bytes | None) -> bytes | ray.ObjectRef | None:
+    # Ray passes a top-level ObjectRef argument to the actor as its value.
+    if payload is not None and len(payload) > PUT_ABOVE_BYTES:
+        return ray.put(payload)
+    return payload
+
+
+def send(worker: Any, message: Message) -> ray.ObjectRef:
+    """Starts ``message`` on one rank's actor."""
+    if message.again:
+        return worker.again.remote()
+    return worker.call.remote(message.call_id, message.key, message.fn, message.args)
+
+
+# ---------------------------------------------------------------------- the ranks' half
+
+
+class RankCalls:
+    """A rank's half: the functions it keeps and the last call, to run it again."""
+
+    def __init__(self) -> None:
+        self._functions: dict[int, Callable[..., Any]] = {}
+        # (function, args payload, call id) of the last call.
+        self._last: tuple[Callable[..., Any], bytes | None, int] | None = None
+
+    def resolve(
+        self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None
+    ) -> tuple[Callable[..., Any], bytes | None]:
+        """The function and args payload of a call, keeping the function under ``key``."""
+        if fn is None:
+            function = self._functions[key]
+        else:
+            function = cloudpickle.loads(fn)
+            if key is not None:
+                self._functions[key] = function
+        self._last = (function, args, call_id)
+        return function, args
+
+    def repeat(self) -> tuple[int, Callable[..., Any], bytes | None]:
+        """The next call id, function and args payload for a repeat of the last call."""
+        if self._last is None:
+            raise RuntimeError("a repeated call before any call on this rank")
+        function, args, call_id = self._last
+        self._last = (function, args, call_id + 1)
+        return call_id + 1, function, args
+
+
+def invoke(function: Callable[..., Any], args: bytes | None, executable: Any) -> Any:
+    """Calls ``function`` as ``execute`` (with ``executable``) or as ``run`` (with args)."""
+    if args is None:
+        return function(executable)
+    positional, keywords = cloudpickle.loads(args)  # fresh objects for every call
+    return function(*positional, **keywords)

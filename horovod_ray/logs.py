@@ -1,0 +1,158 @@
+"""Rank 0's ``log()`` dicts on their way to the driver's callbacks: both halves.
+
+On the rank, :func:`log` queues a dict in rank 0's :class:`LogChannel` (other ranks drop
+it, so training code needs no rank check). On the driver, :func:`collect` long-polls rank
+0's channel (``Worker.next_logs``, in the actor's control group, so it answers while user
+code runs) and hands each dict to the callbacks while the call is still running.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+import ray
+
+from horovod_ray.errors import ConfigError
+
+# Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
+LOG_POLL_S = 5.0
+
+
+class LogChannel:
+    """Dicts logged by user code on rank 0, waiting for the driver to collect them.
+
+    Calls are numbered and each dict is tagged with the call that logged it, so a poll for
+    call ``n`` never returns what an earlier call left behind (those had no callbacks to
+    go to). The poll for call ``n`` returns at once when call ``n`` has finished, so the
+    last dicts never wait for the poll to time out.
+    """
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._ready = threading.Condition()
+        self._current_call = 0
+        self._finished_call = 0
+
+    def begin(self, call_id: int) -> None:
+        with self._ready:
+            self._current_call = call_id
+
+    def end(self, call_id: int) -> None:
+        with self._ready:
+            self._finished_call = max(self._finished_call, call_id)
+            self._ready.notify_all()
+
+    def put(self, item: dict) -> None:
+        with self._ready:
+            self._items.append((self._current_call, item))
+            self._ready.notify_all()
+
+    def take(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        with self._ready:
+            self._ready.wait_for(
+                lambda: (
+                    self._finished_call >= call_id or any(tag == call_id for tag, _ in self._items)
+                ),
+                timeout=timeout_s,
+            )
+            items = [item for tag, item in self._items if tag == call_id]
+            self._items = collections.deque((t, i) for t, i in self._items if t > call_id)
+            return items, self._finished_call >= call_id
+
+
+# Set in a worker process once its rank is known; None in the driver and on other ranks.
+_channel: LogChannel | None = None
+
+
+def log(metrics: Mapping[str, Any]) -> None:
+    """Reports a dict of metrics from inside a worker to the driver's callbacks.
+
+    Only rank 0's dicts are delivered (every rank may call it, so training code needs no
+    rank check); they reach each callback given to ``execute``/``run``, in order, while
+    the call is still running. Outside a horovod_ray worker this does nothing.
+
+    Args:
+        metrics: Picklable values keyed by name, e.g. ``{"epoch": 1, "loss": 0.3}``.
+
+    Raises:
+        ConfigError: ``metrics`` is not a mapping.
+    """
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(
+            "metrics", f"log() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}"
+        )
+    post(dict(metrics))
+
+
+def post(item: object) -> None:
+    """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
+    channel = _channel
+    if channel is not None:
+        channel.put(item)
+
+
+def open_channel(is_log_rank: bool) -> None:
+    """Opens this process's channel if it is rank 0 (closes it otherwise)."""
+    global _channel
+    _channel = LogChannel() if is_log_rank else None
+
+
+def begin(call_id: int) -> None:
+    """Marks the start of call ``call_id``: what is logged now belongs to it."""
+    if _channel is not None:
+        _channel.begin(call_id)
+
+
+def end(call_id: int) -> None:
+    """Marks the end of call ``call_id``: the driver's poll for it returns."""
+    if _channel is not None:
+        _channel.end(call_id)
+
+
+def take(call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+    """The rank's half of the long-poll: dicts of call ``call_id``, and whether it ended."""
+    if _channel is None:
+        return [], True
+    return _channel.take(call_id, timeout_s)
+
+
+# ------------------------------------------------------------------------ driver's half
+
+
+def collect(
+    rank0: Any,
+    refs: list[ray.ObjectRef],
+    callbacks: Iterable[Callable[[dict], None]],
+    call_id: int,
+) -> list[Any]:
+    """Waits for ``refs`` while delivering rank 0's dicts of call ``call_id``.
+
+    Raises:
+        ray.exceptions.RayError: As soon as a rank failed.
+    """
+    poll = rank0.next_logs.remote(call_id, LOG_POLL_S)
+    pending = list(refs)
+    while pending:
+        ready, _ = ray.wait([poll, *pending], num_returns=1)
+        if ready[0] == poll:
+            items, finished = ray.get(poll)
+            _deliver(callbacks, items)
+            poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
+            continue
+        pending = [ref for ref in pending if ref != ready[0]]
+        ray.get(ready[0])  # raises at once when that rank failed
+    # Every rank has returned, so rank 0 has queued all it will log for this call:
+    # the poll in flight answers at once, and one more without waiting takes the rest.
+    items, finished = ray.get(poll)
+    _deliver(callbacks, items)
+    if not finished:
+        _deliver(callbacks, ray.get(rank0.next_logs.remote(call_id, 0))[0])
+    return ray.get(refs)
+
+
+def _deliver(callbacks: Iterable[Callable[[dict], None]], items: Iterable[dict]) -> None:
+    for item in items:
+        for callback in callbacks:
+            callback(item)

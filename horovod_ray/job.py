@@ -88,6 +88,26 @@ def start(
     Records everything it takes in ``held`` (the caller releases it on failure). Calls
     ``check`` at every wait; whatever it raises ends the start.
     """
+    members = _place(settings, layout, plan, group, held, check)
+    envs = _environments(settings, members, held)
+    setups = [
+        m.actor.setup.remote({**env, **extra_env}, m.rank.world_rank == 0, executable)
+        for m, env in zip(members, envs, strict=True)
+    ]
+    wait(setups, math.inf, check)
+    get_all(setups, what="set up its environment or build executable_cls", members=members)
+    return Job(members, held)
+
+
+def _place(
+    settings: Settings,
+    layout: WorkerLayout,
+    plan: placement.PlacementPlan,
+    group: PlacementGroup | None,
+    held: Held,
+    check: Callable[[], None],
+) -> tuple[Member, ...]:
+    """Reserves the group, starts one actor per slot; the ranks in world-rank order."""
     timeout_s = settings.placement_group_timeout_s
     if plan.bundles:
         group = placement.reserve(plan, timeout_s, check=check)
@@ -103,7 +123,6 @@ def start(
                 num_cpus=layout.cpus_per_worker, num_gpus=layout.gpus, scheduling_strategy=strategy
             ).remote()
         )
-
     # The first answer from each actor also tells us it was scheduled.
     info_refs = [actor.node_info.remote() for actor in held.actors]
     not_ready = wait(info_refs, timeout_s, check)
@@ -115,14 +134,15 @@ def start(
         )
     nodes: list[NodeFacts] = get_all(info_refs, what="report its node")
     infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
-    members = tuple(
-        sorted(
-            (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True)),
-            key=lambda m: m.rank.world_rank,
-        )
-    )
-    nodes = [m.node for m in members]
+    members = (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True))
+    return tuple(sorted(members, key=lambda m: m.rank.world_rank))
 
+
+def _environments(
+    settings: Settings, members: tuple[Member, ...], held: Held
+) -> list[dict[str, str]]:
+    """Chooses each node's interface, starts the rendezvous; each rank's environment."""
+    nodes = [m.node for m in members]
     # A Ray Client driver is outside the cluster, out of the workers' reach: its
     # rendezvous server then runs on rank 0's node instead of the driver's.
     client = ray_client.is_connected()
@@ -136,12 +156,15 @@ def start(
     allowed = {bind_address} | {node.node_ip for node in nodes}
     if client:
         held.rendezvous = ClusterRendezvous(
-            nodes[0].node_id, bind_address, allowed, settings.verbose, timeout_s
+            nodes[0].node_id,
+            bind_address,
+            allowed,
+            settings.verbose,
+            settings.placement_group_timeout_s,
         )
     else:
         held.rendezvous = RendezvousServer(bind_address, allowed, settings.verbose)
     _, port = held.rendezvous.start([m.rank for m in members])
-
     common = {
         # host:port/<secret>: see rendezvous.py for why the secret rides here.
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": held.rendezvous.worker_address,
@@ -150,13 +173,10 @@ def start(
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(settings.timeout_s)),
     }
-    setups = []
-    for member, iface in zip(members, ifaces, strict=True):
-        env = {**common, **member.rank.env(), "HOROVOD_GLOO_IFACE": iface, **extra_env}
-        setups.append(member.actor.setup.remote(env, member.rank.world_rank == 0, executable))
-    wait(setups, math.inf, check)
-    get_all(setups, what="set up its environment or build executable_cls", nodes=nodes)
-    return Job(members, held)
+    return [
+        {**common, **m.rank.env(), "HOROVOD_GLOO_IFACE": iface}
+        for m, iface in zip(members, ifaces, strict=True)
+    ]
 
 
 def wait(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None]) -> list:
@@ -172,9 +192,7 @@ def wait(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None])
     return pending
 
 
-def get_all(
-    refs: list[ray.ObjectRef], what: str, nodes: list[NodeFacts] | None = None
-) -> list[Any]:
+def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:
     """ray.get of every ref; WorkerFailedError naming each rank whose ref failed."""
     try:
         return ray.get(refs)
@@ -183,7 +201,7 @@ def get_all(
         for index, ref in enumerate(refs):
             err = error_of(ref)
             if err is not None:
-                where = describe(err, nodes[index].where) if nodes else str(err)
+                where = describe(err, members[index].node.where) if members else str(err)
                 failures[index] = f"failed to {what}: {where}"
         raise WorkerFailedError(failures) from first
 

@@ -227,25 +227,11 @@ class RayExecutor:
 
     def _log_ranks(self, started: job.Job) -> None:
         level = logging.INFO if self.settings.verbose >= 1 else logging.DEBUG
-        if not logger.isEnabledFor(level):
-            return
-        lines = ["rank  local  cross  node              ip               gpus"]
-        for member in started.members:
-            rank = member.rank
-            lines.append(
-                f"{rank.world_rank:>4}  {rank.local_rank:>2}/{rank.local_size:<2}  "
-                f"{rank.cross_rank:>2}/{rank.cross_size:<2}  {rank.node_id[:16]:<16}  "
-                f"{member.node.node_ip:<15}  {','.join(rank.visible_gpus) or '-'}"
+        if logger.isEnabledFor(level):
+            host, port = started.rendezvous.address
+            logger.log(
+                level, "Horovod job started, rendezvous %s:%d\n%s", host, port, started.table()
             )
-        host, port = started.rendezvous.address
-        logger.log(
-            level,
-            "Horovod job started: %d ranks, rendezvous %s:%d\n%s",
-            len(started.members),
-            host,
-            port,
-            "\n".join(lines),
-        )
 
     # ------------------------------------------------------------------------ calls
 

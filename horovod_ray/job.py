@@ -72,6 +72,18 @@ class Job:
     def rendezvous(self) -> Rendezvous:
         return self.held.rendezvous
 
+    def table(self) -> str:
+        """The ranks, a line each: world rank, local and cross rank/size, node, ip, GPUs."""
+        lines = ["rank  local  cross  node              ip               gpus"]
+        for member in self.members:
+            rank = member.rank
+            lines.append(
+                f"{rank.world_rank:>4}  {rank.local_rank:>2}/{rank.local_size:<2}  "
+                f"{rank.cross_rank:>2}/{rank.cross_size:<2}  {rank.node_id[:16]:<16}  "
+                f"{member.node.node_ip:<15}  {','.join(rank.visible_gpus) or '-'}"
+            )
+        return "\n".join(lines)
+
 
 def start(
     settings: Settings,

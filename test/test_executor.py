@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -536,3 +537,15 @@ def test_start_without_ray_says_to_call_ray_init():
     out = run_fresh_python(code, timeout_s=120)
     assert "ERR Ray is not initialised: call ray.init()" in out
     assert "INIT False" in out
+
+
+def test_start_logs_one_table_of_ranks_at_info(ray_4cpu, no_leaks, caplog):
+    with caplog.at_level(logging.INFO, logger="horovod_ray.executor"):
+        with RayExecutor(SETTINGS, num_workers=2) as executor:
+            host, port = executor.rendezvous_address
+            secret = executor._job.rendezvous.worker_address.rsplit("/", 1)[1]
+    started = [r.getMessage() for r in caplog.records if "Horovod job started" in r.getMessage()]
+    assert len(started) == 1
+    assert f"rendezvous {host}:{port}" in started[0]
+    assert len(started[0].splitlines()) == 4  # the heading, the table's head, 2 ranks
+    assert all(secret not in r.getMessage() for r in caplog.records)  # never logged

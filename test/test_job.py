@@ -1,0 +1,33 @@
+"""A job's typed records, without Ray: the rank table the executor logs at start."""
+
+from __future__ import annotations
+
+from horovod_ray.job import Held, Job, Member
+from horovod_ray.network import NodeFacts
+from horovod_ray.ranks import WorkerRecord, assign_ranks
+
+
+def test_the_rank_table_has_a_line_per_rank_in_world_rank_order():
+    records = [
+        WorkerRecord("node-b", ("1",)),
+        WorkerRecord("node-a"),
+        WorkerRecord("node-b", ("0",)),
+    ]
+    ips = {"node-a": "10.0.0.1", "node-b": "10.0.0.2"}
+    members = sorted(
+        (
+            Member(None, info, NodeFacts(info.node_id, ips[info.node_id], "eth0", "lo", ()))
+            for info in assign_ranks(records)
+        ),
+        key=lambda m: m.rank.world_rank,
+    )
+    lines = Job(tuple(members), Held()).table().splitlines()
+    assert lines[0].split() == ["rank", "local", "cross", "node", "ip", "gpus"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == ["0", "1", "2"]
+    by_node = {row[3]: row for row in rows}
+    assert by_node["node-a"][1:3] == ["0/1", "0/2"] or by_node["node-a"][1:3] == ["0/1", "1/2"]
+    assert {row[4] for row in rows} == {"10.0.0.1", "10.0.0.2"}
+    # Each node's ranks see the node's GPUs; a node without GPUs shows '-'.
+    assert by_node["node-a"][5] == "-"
+    assert {row[5] for row in rows if row[3] == "node-b"} == {"0,1"}

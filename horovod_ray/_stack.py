@@ -29,6 +29,7 @@ _GLOO_MARKER = b"GlooController"
 _IFACE_FIX_MARKER = b"Gloo process set device interface"
 
 
+@functools.cache
 def _tf_extension() -> str | None:
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:

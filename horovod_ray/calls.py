@@ -148,13 +148,14 @@ class Dispatcher:
         Args:
             call: The prepared call.
             all_ranks: False for a call to rank 0 only: it neither uses nor fills the
-                function cache, and it ends any repeat.
+                function cache, ends any repeat, and sends its payloads as they are (one
+                recipient: nothing to share through the object store).
         """
         with self._lock:
             self._call_id += 1
             call_id = self._call_id
             if not all_ranks:
-                return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
+                return Message(call_id, False, None, call.fn, call.args)
             if self._last == (call.fn, call.args, call_id - 1):
                 return Message(call_id, True, None, None, None)
             key = self._keys.get(call.fn)

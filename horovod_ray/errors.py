@@ -64,14 +64,15 @@ class WorkerFailedError(HorovodRayError):
     def __init__(self, failures: Mapping[int, str], message: str | None = None) -> None:
         self.failures: dict[int, str] = dict(sorted(failures.items()))
         if message is None:
-            message = _describe_failures(self.failures)
+            message = describe_failures(self.failures)
         super().__init__(message)
 
     def __reduce__(self):
         return (type(self), (self.failures, str(self)))
 
 
-def _describe_failures(failures: Mapping[int, str]) -> str:
+def describe_failures(failures: Mapping[int, str]) -> str:
+    """The message of a WorkerFailedError: a heading, then each failed rank's text."""
     ranks = ", ".join(str(rank) for rank in failures)
     noun = "rank" if len(failures) == 1 else "ranks"
     lines = [f"Horovod {noun} {ranks} failed; the job was stopped."]

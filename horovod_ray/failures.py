@@ -20,7 +20,12 @@ from typing import Any, Mapping, Sequence
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from horovod_ray.errors import HorovodRayError, RendezvousError, WorkerFailedError
+from horovod_ray.errors import (
+    HorovodRayError,
+    RendezvousError,
+    WorkerFailedError,
+    describe_failures,
+)
 
 # After a failure, seconds a rank (or a node) gets to answer before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0
@@ -100,18 +105,21 @@ def gone_nodes(snapshot: Snapshot) -> set[str]:
     after a peer was lost), or unless nothing survived anywhere (then no node can be told
     from another).
     """
-    ranks_on: dict[str, list[RankView]] = {}
-    for view in snapshot.ranks:
-        ranks_on.setdefault(view.node_id, []).append(view)
-    gone = {
-        node
-        for node, views in ranks_on.items()
-        if any(v.seen in (Seen.UNREACHABLE, Seen.SILENT) for v in views)
-    }
-    wholly = {node for node, views in ranks_on.items() if all(v.seen in LOST for v in views)}
-    if len(wholly) < len(ranks_on):
+    gone = {v.node_id for v in snapshot.ranks if v.seen in (Seen.UNREACHABLE, Seen.SILENT)}
+    wholly = wholly_lost_nodes(snapshot)
+    if len(wholly) < len({v.node_id for v in snapshot.ranks}):
         gone |= {node for node in wholly if not snapshot.node_alive.get(node, False)}
     return gone
+
+
+def wholly_lost_nodes(snapshot: Snapshot) -> set[str]:
+    """The nodes all of whose ranks were lost."""
+    lost_everywhere: dict[str, bool] = {}
+    for view in snapshot.ranks:
+        lost_everywhere[view.node_id] = lost_everywhere.get(view.node_id, True) and (
+            view.seen in LOST
+        )
+    return {node for node, lost in lost_everywhere.items() if lost}
 
 
 def attribute(snapshot: Snapshot) -> Verdict:
@@ -153,11 +161,11 @@ def error_for(verdict: Verdict, timeout_s: float) -> HorovodRayError:
             + "\n".join(f"--- rank {r}: {text}" for r, text in verdict.causes.items())
         )
     if verdict.kind == "lost" and verdict.consequences:
-        error = WorkerFailedError(verdict.causes)
         followers = ", ".join(map(str, sorted(verdict.consequences)))
         return WorkerFailedError(
             verdict.causes,
-            f"{error}\nRanks {followers} failed after losing their peers (not the cause).",
+            f"{describe_failures(verdict.causes)}\nRanks {followers} failed after losing "
+            f"their peers (not the cause).",
         )
     return WorkerFailedError(verdict.causes)
 
@@ -249,7 +257,7 @@ def probe(
             )
         )
     snapshot = Snapshot(tuple(views), {}, elapsed_s, timeout_s)
-    wholly = _wholly_lost_nodes(snapshot)
+    wholly = wholly_lost_nodes(snapshot)
     if wholly and len(wholly) < len(set(node_ids)):
         snapshot = dataclasses.replace(snapshot, node_alive=_nodes_alive(wholly))
     return snapshot, next(iter(raised.values()), None)
@@ -278,13 +286,6 @@ def _ping(
             )
         elif _seen_in(err := error_of(ping)) is not Seen.ALIVE:
             seen[rank] = (_seen_in(err), describe(err, wheres[rank]))
-
-
-def _wholly_lost_nodes(snapshot: Snapshot) -> set[str]:
-    nodes: dict[str, bool] = {}
-    for view in snapshot.ranks:
-        nodes[view.node_id] = nodes.get(view.node_id, True) and view.seen in LOST
-    return {node for node, lost in nodes.items() if lost}
 
 
 @ray.remote(num_cpus=0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from typing import Any, Callable
 
 import ray
@@ -32,8 +31,6 @@ logger = logging.getLogger(__name__)
 
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
-# How often start()'s waits give stop() a chance to cancel them.
-CANCEL_POLL_S = 0.1
 
 Rendezvous = RendezvousServer | ClusterRendezvous
 
@@ -106,7 +103,7 @@ def start(
         m.actor.setup.remote({**env, **extra_env}, m.rank.world_rank == 0, executable)
         for m, env in zip(members, envs, strict=True)
     ]
-    wait(setups, math.inf, check)
+    placement.wait_all(setups, math.inf, check)
     get_all(setups, what="set up its environment or build executable_cls", members=members)
     return Job(members, held)
 
@@ -137,7 +134,7 @@ def _place(
         )
     # The first answer from each actor also tells us it was scheduled.
     info_refs = [actor.node_info.remote() for actor in held.actors]
-    not_ready = wait(info_refs, timeout_s, check)
+    not_ready = placement.wait_all(info_refs, timeout_s, check)
     if not_ready:
         raise PlacementTimeoutError(
             f"{len(not_ready)} of {len(info_refs)} workers were not scheduled within "
@@ -189,19 +186,6 @@ def _environments(
         {**common, **m.rank.env(), "HOROVOD_GLOO_IFACE": iface}
         for m, iface in zip(members, ifaces, strict=True)
     ]
-
-
-def wait(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None]) -> list:
-    """ray.wait for all of ``refs``, calling ``check`` as it goes; returns those not ready."""
-    deadline = time.monotonic() + timeout_s
-    pending = list(refs)
-    while pending:
-        check()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, CANCEL_POLL_S))
-    return pending
 
 
 def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:

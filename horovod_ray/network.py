@@ -108,7 +108,7 @@ def gloo_ifaces(
         HorovodRayError: No interface holds a node's Ray address.
     """
     if not nics:
-        return [gloo_iface(node, None, local_job) for node in nodes]
+        return [_default_iface(node, local_job) for node in nodes]
     chosen = [choose_iface(nics, node.interfaces) for node in nodes]
     lacking = {
         f"node {n.node_ip} ({n.node_id[:12]}) has {list(n.interfaces)}": None
@@ -128,8 +128,10 @@ def gloo_ifaces(
 
 def gloo_iface(node: NodeFacts, nics: Sequence[str] | None, local_job: bool) -> str:
     """The interface the ranks on ``node`` give Gloo; see :func:`gloo_ifaces`."""
-    if nics:
-        return gloo_ifaces([node], nics, local_job)[0]
+    return gloo_ifaces([node], nics, local_job)[0]
+
+
+def _default_iface(node: NodeFacts, local_job: bool) -> str:
     iface = node.loopback_iface if local_job else node.node_ip_iface
     if iface is None:
         raise HorovodRayError(

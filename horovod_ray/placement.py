@@ -104,8 +104,24 @@ def current_group(layout: WorkerLayout) -> PlacementGroup | None:
     return ray.util.get_current_placement_group()
 
 
-# How often a wait for the group gives the caller a chance to give up.
+# How often a wait gives its caller a chance to give up.
 _POLL_S = 0.1
+
+
+def wait_all(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None]) -> list:
+    """ray.wait for all of ``refs``, calling ``check`` every ~0.1 s; returns those not ready.
+
+    Whatever ``check`` raises ends the wait (start() uses it to be cancelled by stop()).
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, _POLL_S))
+    return pending
 
 
 def reserve(
@@ -123,21 +139,13 @@ def reserve(
             as it is when the wait is interrupted or ``check`` raises.
     """
     group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy)
-    deadline = time.monotonic() + timeout_s
-    ready: list = []
     try:
-        waiting = group.ready()
-        while not ready:
-            check()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            ready, _ = ray.wait([waiting], timeout=min(left, _POLL_S))
+        not_ready = wait_all([group.ready()], timeout_s, check)
     except BaseException:
         # Ctrl-C or a cancel while waiting: the caller never sees the group to remove it.
         ray.util.remove_placement_group(group)
         raise
-    if ready:
+    if not not_ready:
         return group
     ray.util.remove_placement_group(group)
     total = ray.cluster_resources()

@@ -27,7 +27,9 @@ import secrets
 import threading
 from typing import Any, Iterable, Sequence
 
+import ray
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray.errors import RendezvousError
 from horovod_ray.ranks import RankInfo
@@ -277,9 +279,6 @@ class ClusterRendezvous:
         Raises:
             RendezvousError: The actor or its server could not start.
         """
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         host = ray.remote(_RendezvousHost).options(
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
@@ -308,8 +307,6 @@ class ClusterRendezvous:
 
     def joined_ranks(self) -> set[int] | None:
         """As RendezvousServer.joined_ranks; None when the actor cannot answer."""
-        import ray
-
         if self._actor is None:
             return None
         try:
@@ -319,8 +316,6 @@ class ClusterRendezvous:
 
     def stop(self) -> None:
         """Closes the server's socket, then ends the actor. Safe to call more than once."""
-        import ray
-
         actor, self._actor, self._address = self._actor, None, None
         if actor is None:
             return

@@ -227,7 +227,8 @@ def check_env(env: Mapping[str, object] | None) -> dict[str, str]:
         return {}
     if not isinstance(env, Mapping):
         raise ConfigError(
-            "extra_env_vars", f"extra_env_vars must be a dict of str to str, got {env!r}"
+            "extra_env_vars",
+            f"extra_env_vars must be a dict of variable names to values, got {env!r}",
         )
     checked = {}
     for key, value in env.items():

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from horovod_ray import RendezvousError
 from horovod_ray.network import local_interfaces
 from horovod_ray.ranks import WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import MAX_BODY_BYTES, RendezvousServer
@@ -134,3 +135,40 @@ def test_scopes_clear_once_every_member_finished(server):
     # Both members finished: a later hvd.init() starts from an empty scope.
     assert _request(server, "GET", "/global/1")[0] == 404
     assert server.joined_ranks() == {0, 1}
+
+
+def test_cluster_rendezvous_serves_from_an_actor_and_is_gone_after_stop(ray_4cpu, no_leaks):
+    """What Ray Client jobs use (the driver is out of the workers' reach), on local Ray."""
+    import ray
+
+    from horovod_ray.rendezvous import ClusterRendezvous
+
+    node_id = ray.get_runtime_context().get_node_id()
+    server = ClusterRendezvous(node_id, "127.0.0.1", {"127.0.0.1"}, timeout_s=60)
+    assert server.joined_ranks() is None  # not started: nobody can say who joined
+    server.start(RANKS)
+    try:
+        assert _request(server, "PUT", "/global/1", body=b"addr-of-1")[0] == 200
+        assert _request(server, "GET", "/global/1") == (200, b"addr-of-1")
+        assert _request(server, "GET", "/global/1", secret=False)[0] == 403
+        assert _request(server, "GET", "/global/1", source="127.0.0.2")[0] == 403
+        assert server.joined_ranks() == {1}  # asked of the actor
+    finally:
+        server.stop()
+    server.stop()  # again: nothing left to do
+    with pytest.raises(RendezvousError):
+        server.address  # noqa: B018
+
+
+def test_cluster_rendezvous_that_cannot_bind_says_so_and_leaves_no_actor(ray_4cpu, no_leaks):
+    import ray
+
+    from horovod_ray.rendezvous import ClusterRendezvous
+
+    node_id = ray.get_runtime_context().get_node_id()
+    # 198.51.100.0/24 is reserved for documentation: no interface here holds it (only
+    # bound, never sent to).
+    server = ClusterRendezvous(node_id, "198.51.100.7", {"198.51.100.7"}, timeout_s=60)
+    with pytest.raises(RendezvousError, match="could not start the rendezvous server"):
+        server.start(RANKS)
+    server.stop()  # what start() took is given back as release() would

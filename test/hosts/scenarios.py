@@ -160,19 +160,23 @@ def probe(netns: str, url: str) -> str:
 def refusals(params: dict) -> dict:
     """A 2-host job's rendezvous server, asked from everywhere while the job runs."""
     hosts = params["hosts"]
-    by_ip = {h["address"]: h for h in hosts.values()}
+    by_name = {h["hostname"]: h for h in hosts.values()}
     # Fill the outsider's CPUs, so that the job takes the driver's host and the other one.
     outsider = hosts[params["outsider"]]
     filler = ray.util.placement_group([{"CPU": 2, f"node:{outsider['address']}": 0.01}])
     ray.get(filler.ready(), timeout=60)
     with RayExecutor(RayExecutor.create_settings(timeout_s=60), num_hosts=2) as executor:
-        executor.run(rank_facts)
-        secret_addr = executor.execute_single(lambda _: os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+        # One call: Horovod joined (the store holds rank 0's key), hosts, the secret.
+        facts = executor.run(
+            lambda: {**rank_facts(), "addr": os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"]}
+        )
+        secret_addr = facts[0]["addr"]
         host, port = executor.rendezvous_address
-        job_ips = {node_ip for node_ip in executor.run(ray.util.get_node_ip_address)}
+        job_hosts = [by_name[f["hostname"]] for f in facts]
+        job_ips = {h["address"] for h in job_hosts}
         with_secret = f"http://{secret_addr}:{port}/global/0"
         without = f"http://{host}:{port}/global/0"
-        worker_host = next(by_ip[ip] for ip in job_ips if ip != host)
+        worker_host = next(h for h in job_hosts if h["address"] != host)
         assert outsider["address"] not in job_ips
         stranger = next(h for h in hosts.values() if not h["ray_node"])
         answers = {
@@ -202,10 +206,8 @@ def node_lost(params: dict) -> dict:
         while True:
             hvd.allreduce(tf.constant(1.0))
 
-    facts = executor.run(rank_facts)
-    addresses = executor.run(ray.util.get_node_ip_address)
     victim_ranks = [
-        fact["rank"] for fact, ip in zip(facts, addresses, strict=True) if ip == victim["address"]
+        f["rank"] for f in executor.run(rank_facts) if f["hostname"] == victim["hostname"]
     ]
     killed_at: list[float] = []
 

@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Rebuilt only when what it depends on changes; a ready machine skips straight to the check.
 STAMP := $(VENV)/.installed
+HOROVOD_STAMP := $(VENV)/.horovod
 HOROVOD_VERSION := 0.28.1
 HOROVOD_SRC := build/horovod-$(HOROVOD_VERSION)
 HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
@@ -17,7 +18,9 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install --require-fix
 
-$(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
+# Two steps: the stack with horovod built from source (minutes), then this package (seconds),
+# so that a change to setup.py does not rebuild horovod.
+$(HOROVOD_STAMP): constraints.txt Makefile $(HOROVOD_PATCHES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=23.2" "setuptools>=65" wheel
 	$(PIP) install --quiet -c constraints.txt tensorflow-cpu "ray[default,tune]" numpy \
@@ -32,11 +35,14 @@ $(STAMP): setup.py constraints.txt Makefile $(HOROVOD_PATCHES)
 	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation --no-cache-dir \
 		--force-reinstall --no-deps ./$(HOROVOD_SRC)
 	$(PIP) install --quiet -c constraints.txt horovod==$(HOROVOD_VERSION)
+	touch $(HOROVOD_STAMP)
+
+$(STAMP): $(HOROVOD_STAMP) setup.py
 	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples,bench]'
 	touch $(STAMP)
 
 # Pure logic first (no Ray, seconds), then everything on real Ray.
-UNIT_TESTS := test/test_calls.py test/test_errors.py test/test_failures.py \
+UNIT_TESTS := test/test_calls.py test/test_command.py test/test_errors.py test/test_failures.py \
 	test/test_lifecycle.py test/test_network.py test/test_ranks.py test/test_settings.py
 
 test: install

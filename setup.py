@@ -28,6 +28,7 @@ setup(
     python_requires=">=3.11,<3.12",
     # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see README.rst.
     install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
+    entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli:main"]},
     extras_require={
         "tensorflow": ["tensorflow-cpu>=2.15,<2.16"],
         "tune": ["ray[tune]>=2.60"],

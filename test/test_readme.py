@@ -109,3 +109,21 @@ def test_docs_render_without_warnings(path):
         writer_name="html",
         settings_overrides={"halt_level": 2, "report_level": 2},
     )
+
+
+def test_command_line_example_runs_unmodified_script():
+    line = next(text for text in README.splitlines() if "horovod-ray run -np 2" in text)
+    command = shlex.split(line.strip())
+    assert command[:2] == [".venv/bin/horovod-ray", "run"]
+    venv_bin = Path(sys.executable).parent
+    command[0] = str(venv_bin / "horovod-ray")
+    command[command.index(".venv/bin/python")] = sys.executable
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    epochs = re.findall(r"^\[0\]<stdout>:epoch +(\d+) +loss ([\d.]+)", result.stdout, re.M)
+    assert [int(epoch) for epoch, _ in epochs] == [1, 2, 3]
+    accuracies = re.findall(
+        r"^\[(\d)\]<stdout>:rank \d of 2: held-out accuracy ([\d.]+)", result.stdout, re.M
+    )
+    assert sorted(rank for rank, _ in accuracies) == ["0", "1"]
+    assert all(float(accuracy) > 0.8 for _, accuracy in accuracies)

@@ -1,0 +1,7 @@
+"""``python -m horovod_ray``: the same as the ``horovod-ray`` console script."""
+
+import sys
+
+from horovod_ray.cli import main
+
+sys.exit(main())

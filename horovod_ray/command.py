@@ -1,0 +1,349 @@
+"""A command, not a Python function, on every rank: both halves of ``horovod-ray run``.
+
+On the rank, :func:`start_on_rank` runs the command as a child process of the rank's actor,
+with the rank's Horovod environment, so that ``hvd.init()`` in an unmodified script joins
+the job; :func:`poll_on_rank` hands back its output lines as they come and its exit, and
+:func:`end_on_rank` ends its whole process tree. The child dies with the actor too (the
+kernel's parent-death signal), so a killed actor leaves no rank process behind.
+
+On the driver, :class:`CommandJob` runs those three through a :class:`RayExecutor` (every
+round trip is a short ``run()``, so failures keep the executor's attribution) and writes
+every line with horovodrun's prefix, ``[RANK]<stdout>:`` or ``[RANK]<stderr>:``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import codecs
+import collections
+import ctypes
+import dataclasses
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO, Callable
+
+import psutil
+import ray
+
+from horovod_ray.settings import MANAGED_ENV
+
+# Longest one poll waits on a rank for output before it answers with none.
+POLL_S = 0.2
+# Seconds a rank's process tree gets between SIGTERM and SIGKILL.
+END_GRACE_S = 3.0
+# After the command exits, how long its output may stay open (a background child holding
+# the pipe) before the exit is reported anyway.
+PIPE_LINGER_S = 1.0
+# Set in the child: Ray's GPU assignment travels in the actor's environment.
+_FROM_ACTOR = MANAGED_ENV | {"CUDA_VISIBLE_DEVICES"}
+_PR_SET_PDEATHSIG = 1
+_LINE_END = re.compile(r"(?<=[\r\n])")
+
+
+def split_lines(pending: str, text: str) -> tuple[list[str], str]:
+    """Complete lines (each with its ``\\n`` or ``\\r``) in ``pending + text``, and the rest.
+
+    A ``\\r`` ends a line as horovodrun's output does, so progress bars reach the driver
+    as they redraw.
+    """
+    pieces = _LINE_END.split(pending + text)
+    return pieces[:-1], pieces[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    """How a rank's command ended."""
+
+    returncode: int  # as subprocess reports it: -N for signal N
+    at: float  # wall-clock time of the exit, on the rank's node
+
+    @property
+    def status(self) -> int:
+        """The shell's exit status: the code, or 128 + the signal."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"was killed by {name} (status {self.status})"
+        return f"exited with status {self.returncode}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """Where a rank's command runs."""
+
+    node_ip: str
+    hostname: str
+    pid: int
+    cwd: str
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_prctl = _libc_prctl()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL when the actor's thread that started it dies."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class RankProcess:
+    """One rank's command: its child process, the threads that read it, its output queue."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        self._ready = threading.Condition()
+        self._lines: collections.deque[tuple[str, str]] = collections.deque()
+        self._open_pipes = 2
+        self._exit: Exit | None = None
+        self._exited_at = 0.0
+        self._process = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            # Its own process group: one signal reaches the command and what it starts.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self.pid = self._process.pid
+        for pipe, stream in ((self._process.stdout, "stdout"), (self._process.stderr, "stderr")):
+            threading.Thread(target=self._read, args=(pipe, stream), daemon=True).start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _read(self, pipe: IO[bytes], stream: str) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
+        fd = pipe.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            text = decoder.decode(chunk, final=not chunk)
+            lines, pending = split_lines(pending, text)
+            if not chunk and pending:
+                lines.append(pending + "\n")
+            with self._ready:
+                self._lines.extend((stream, line) for line in lines)
+                if not chunk:
+                    self._open_pipes -= 1
+                self._ready.notify_all()
+            if not chunk:
+                pipe.close()
+                return
+
+    def _wait(self) -> None:
+        returncode = self._process.wait()
+        with self._ready:
+            self._exit = Exit(returncode, time.time())
+            self._exited_at = time.monotonic()
+            self._ready.notify_all()
+
+    def _finished(self) -> bool:
+        if self._exit is None:
+            return False
+        return self._open_pipes == 0 or time.monotonic() - self._exited_at > PIPE_LINGER_S
+
+    def poll(self, timeout_s: float) -> tuple[list[tuple[str, str]], Exit | None]:
+        """Waits up to ``timeout_s`` for output; returns the lines queued and, once every
+        line has been handed over, the exit."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._lines or self._finished(), timeout_s)
+            lines = list(self._lines)
+            self._lines.clear()
+            return lines, self._exit if self._finished() and not self._lines else None
+
+    def end(self, grace_s: float) -> None:
+        """SIGTERM to the command's process tree, SIGKILL to what is left after ``grace_s``."""
+        tree = _tree(self.pid)
+        _signal_tree(self.pid, tree, signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=grace_s)
+        if alive:
+            _signal_tree(self.pid, alive, signal.SIGKILL)
+            psutil.wait_procs(alive, timeout=grace_s)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _signal_tree(pid: int, tree: list[psutil.Process], signum: int) -> None:
+    try:
+        os.killpg(pid, signum)  # the group the command leads (see start_new_session)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for process in tree:  # and whatever left the group
+        try:
+            process.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass
+
+
+# The command this actor runs; one per rank, one rank per actor.
+_process: RankProcess | None = None
+
+
+def child_env(caller_env: dict[str, str], extra_env: dict[str, str]) -> dict[str, str]:
+    """The command's environment: the caller's, then ``--env``, then the rank's own."""
+    env = {key: value for key, value in caller_env.items() if key not in _FROM_ACTOR}
+    env.update(extra_env)
+    env.update({key: os.environ[key] for key in _FROM_ACTOR if key in os.environ})
+    return env
+
+
+def start_on_rank(
+    argv: list[str],
+    caller_env: dict[str, str],
+    extra_env: dict[str, str],
+    caller_cwd: str,
+    shipped_cwd: bool,
+) -> Where:
+    """Starts the command on this rank (runs in the rank's actor).
+
+    The child starts in ``caller_cwd`` where that directory exists (always on the caller's
+    own node, as horovodrun does over SSH), else in the actor's; with a shipped working
+    directory (``--working-dir``), in the actor's, which Ray set to the shipped copy.
+    """
+    global _process
+    if _process is not None:
+        raise RuntimeError("this rank already runs a command")
+    cwd = os.getcwd() if shipped_cwd or not os.path.isdir(caller_cwd) else caller_cwd
+    _process = RankProcess(argv, child_env(caller_env, extra_env), cwd)
+    # The actor's exit (stop(), a failed job) ends the command's tree too; if the actor is
+    # killed outright, the command still gets SIGKILL from the kernel (_die_with_parent).
+    atexit.register(_process.end, 0.5)
+    return Where(ray.util.get_node_ip_address(), socket.gethostname(), _process.pid, cwd)
+
+
+def poll_on_rank(timeout_s: float) -> tuple[list[tuple[str, str]], Exit | None]:
+    """This rank's new output lines, and its exit once all of it was handed over."""
+    if _process is None:
+        return [], None
+    return _process.poll(timeout_s)
+
+
+def end_on_rank(grace_s: float) -> None:
+    """Ends this rank's command and everything it started."""
+    if _process is not None:
+        _process.end(grace_s)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def rank_dir_name(rank: int, size: int) -> str:
+    """``rank.R``, zero-padded so that the names sort in rank order (as horovodrun)."""
+    return f"rank.{rank:0{len(str(size - 1))}d}"
+
+
+class Output:
+    """Writes the ranks' lines with horovodrun's prefixes, to the terminal and to files."""
+
+    def __init__(self, stdout: IO[str], stderr: IO[str], output_dir: str | None) -> None:
+        self._streams = {"stdout": stdout, "stderr": stderr}
+        self._output_dir = output_dir
+        self._files: dict[tuple[int, str], IO[str]] = {}
+
+    def open(self, size: int) -> None:
+        """Creates ``DIR/rank.R/{stdout,stderr}`` for every rank, as horovodrun does."""
+        if self._output_dir is None:
+            return
+        for rank in range(size):
+            folder = Path(self._output_dir, rank_dir_name(rank, size))
+            folder.mkdir(parents=True, exist_ok=True)
+            for stream in self._streams:
+                self._files[rank, stream] = open(folder / stream, "w", encoding="utf-8")
+
+    def write(self, rank: int, lines: list[tuple[str, str]]) -> None:
+        touched = set()
+        for stream, line in lines:
+            text = f"[{rank}]<{stream}>:{line}"
+            self._streams[stream].write(text)
+            touched.add(stream)
+            file = self._files.get((rank, stream))
+            if file is not None:
+                file.write(text)
+        for stream in touched:
+            self._streams[stream].flush()
+            file = self._files.get((rank, stream))
+            if file is not None:
+                file.flush()
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+
+
+class CommandJob:
+    """Runs one command on every rank of a started executor and relays its output.
+
+    Args:
+        executor: A started :class:`RayExecutor`.
+        output: Where the ranks' lines go.
+        interrupted: Returns the signal number once the user asked to stop (Ctrl-C,
+            SIGTERM), else None; checked after every poll.
+    """
+
+    def __init__(self, executor, output: Output, interrupted: Callable[[], int | None]):
+        self._executor = executor
+        self._output = output
+        self._interrupted = interrupted
+        self.where: list[Where] = []
+        self.exits: dict[int, Exit] = {}
+
+    def run(
+        self,
+        argv: list[str],
+        caller_env: dict[str, str],
+        extra_env: dict[str, str],
+        caller_cwd: str,
+        shipped_cwd: bool,
+    ) -> tuple[int | None, int | None]:
+        """Runs the command to its end on every rank.
+
+        Returns:
+            (the first failing rank or None, the signal that stopped the run or None).
+        """
+        executor = self._executor
+        self._output.open(executor.num_workers)
+        self.where = executor.run(
+            start_on_rank, args=(argv, caller_env, extra_env, caller_cwd, shipped_cwd)
+        )
+        ending = False
+        while len(self.exits) < len(self.where):
+            for rank, (lines, done) in enumerate(executor.run(poll_on_rank, args=(POLL_S,))):
+                self._output.write(rank, lines)
+                if done is not None:
+                    self.exits[rank] = done
+            if not ending and (self.first_failure() is not None or self._interrupted()):
+                # One rank failed, or the user asked to stop: end every rank's tree, then
+                # keep relaying until each has exited and its output is all out.
+                ending = True
+                executor.run(end_on_rank, args=(END_GRACE_S,))
+        return self.first_failure(), self._interrupted()
+
+    def first_failure(self) -> int | None:
+        """The rank whose command failed first (by the nodes' clocks; ties: lowest rank)."""
+        failed = [(done.at, rank) for rank, done in self.exits.items() if done.returncode]
+        return min(failed)[1] if failed else None

@@ -1,0 +1,179 @@
+"""``horovod-ray run`` end to end: real Ray, real Horovod, unmodified scripts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import ray
+
+from test.conftest import start_local_ray
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "plain_horovod.py")
+VENV_BIN = Path(sys.executable).parent
+LINE = re.compile(r"(?<=[\r\n])")
+
+
+@pytest.fixture(scope="module")
+def address() -> str:
+    """The running Ray the CLI joins (--address), so that each test skips Ray's start."""
+    start_local_ray(4)
+    return ray.get_runtime_context().gcs_address
+
+
+def _cli(*args: str, text: bool = True, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "horovod_ray", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=text,
+        **popen,
+    )
+
+
+def _run(*args: str, timeout: float = 120, **popen) -> tuple[int, str, str]:
+    # Bytes, decoded here: text mode would turn each \r into \n.
+    process = _cli(*args, text=False, **popen)
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out.decode(), err.decode()
+
+
+def _prefixed(text: str) -> list[str]:
+    """The relayed lines (a \\r ends a line too), sorted: ranks interleave freely."""
+    return sorted(line for line in LINE.split(text) if re.match(r"\[\d+\]<std", line))
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _raylets() -> set[int]:
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "raylet"}
+
+
+def test_same_lines_as_horovodrun(tmp_path):
+    """A fresh local Ray started and stopped by the CLI; output as horovodrun's, byte for byte."""
+    env = {**os.environ, "FOO": "from-caller", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, SCRIPT, "allreduce"]
+    raylets_before = _raylets()
+    code, out, err = _run("-np", "2", *command, cwd=tmp_path, env=env, timeout=180)
+    assert code == 0, err[-3000:]
+    assert _raylets() == raylets_before  # the local Ray it started is gone
+    reference = subprocess.run(
+        [str(VENV_BIN / "horovodrun"), "--gloo", "-np", "2", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=180,
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert _prefixed(out) == _prefixed(reference.stdout.decode())
+    assert _prefixed(err) == _prefixed(reference.stderr.decode())
+    assert f"[1]<stdout>:rank 1 FOO=from-caller cwd={tmp_path}\n" in out
+    assert "[0]<stdout>:rank 0 of 2: local 0, sum 3.0\n" in out
+    assert "[1]<stderr>:rank 1 says hello on stderr\n" in err
+    assert "[0]<stdout>:rank 0 progress 1/2\r[0]<stdout>:rank 0 progress 2/2\n" in out
+
+
+def test_env_flag_and_output_files(address, tmp_path):
+    logs = tmp_path / "logs"
+    code, out, err = _run(
+        "-np", "2", "--address", address, "--env", "FOO=from-flag",
+        "--output-filename", str(logs), sys.executable, SCRIPT, "allreduce",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "[0]<stdout>:rank 0 FOO=from-flag" in out
+    assert sorted(p.name for p in logs.iterdir()) == ["rank.0", "rank.1"]
+    for rank in (0, 1):
+        stdout = (logs / f"rank.{rank}" / "stdout").read_bytes().decode()
+        assert f"[{rank}]<stdout>:rank {rank} of 2: local {rank}, sum 3.0\n" in stdout
+        assert stdout == "".join(line for line in LINE.split(out) if line.startswith(f"[{rank}]"))
+        stderr = (logs / f"rank.{rank}" / "stderr").read_text()
+        assert f"[{rank}]<stderr>:rank {rank} says hello on stderr\n" in stderr
+
+
+def test_failing_rank_sets_the_status_and_stops_the_others(address):
+    code, out, err = _run(
+        "-np", "2", "--address", address, sys.executable, SCRIPT, "fail", "1", "3"
+    )  # fmt: skip
+    assert code == 3
+    assert re.search(r"rank 1 on \S+ \([\d.]+\) exited with status 3; the other ranks", err)
+    pids = [int(pid) for pid in re.findall(r"<stdout>:pid (\d+)", out)]
+    assert len(pids) == 2 and _alive(pids) == []
+
+
+def test_killed_rank_reports_the_signal(address):
+    code, _, err = _run("-np", "2", "--address", address, sys.executable, SCRIPT, "fail", "0", "-9")
+    # sys.exit(-9) is status 247; a rank killed by a signal is 128 + N.
+    assert code == 247, err[-2000:]
+    assert "rank 0 on" in err
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_and_sigterm_end_every_rank_tree(address, signum, status):
+    process = _cli(
+        "-np", "2", "--address", address, sys.executable, SCRIPT, "wait",
+        start_new_session=True,
+    )  # fmt: skip
+    pids: list[int] = []
+    while len(pids) < 4:
+        line = process.stdout.readline()
+        assert line, process.stderr.read()[-3000:]
+        pids += [int(pid) for pid in re.findall(r"\d+", line.split("pids", 1)[-1])]
+    assert len(_alive(pids)) == 4
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)  # Ctrl-C reaches the terminal's whole group
+    else:
+        process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == status, err[-3000:]
+    assert f"stopped by {signum.name}" in err
+    deadline = time.monotonic() + 10
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(pids) == []
+
+
+def test_rank_process_dies_with_a_killed_actor(address):
+    """An actor killed outright (no exit handlers) still takes its command along."""
+    from horovod_ray import RayExecutor
+    from horovod_ray.command import poll_on_rank, start_on_rank
+
+    executor = RayExecutor(num_workers=1)
+    executor.start()
+    try:
+        (where,) = executor.run(
+            start_on_rank, args=(["sleep", "120"], dict(os.environ), {}, "/", False)
+        )
+        assert executor.run(poll_on_rank, args=(0.1,)) == [([], None)]
+        (actor_pid,) = executor.run(os.getpid)
+        os.kill(actor_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive([where.pid]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _alive([where.pid]) == []
+    finally:
+        executor.stop()
+
+
+def test_python_m_and_console_script_show_help():
+    for command in ([sys.executable, "-m", "horovod_ray"], [str(VENV_BIN / "horovod-ray")]):
+        result = subprocess.run([*command, "run", "--help"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        for flag in ("-np", "--output-filename", "--gloo-timeout-seconds", "--working-dir"):
+            assert flag in result.stdout

@@ -451,6 +451,57 @@ def b4(mode: Mode, storage: str) -> dict:
     }
 
 
+def b7(mode: Mode) -> dict:
+    """The same script's wall time under horovodrun and under ``horovod-ray run``.
+
+    ``horovod-ray run`` either starts its own local Ray (and stops it), or joins one that
+    already runs (started here, as a user's cluster would be).
+    """
+    print("B7 script wall time: workloads.py b2 on 2 ranks", flush=True)
+    script = [sys.executable, str(ROOT / "bench" / "workloads.py"), "b2"]
+    cli = [sys.executable, "-m", "horovod_ray", "run", "-np", "2"]
+
+    def timed(command: list[str]) -> float:
+        wait_for_quiet()
+        start = time.perf_counter()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - start
+        if out.returncode != 0 or len(re.findall(r"<stdout>:\{", out.stdout)) != 2:
+            raise RuntimeError(f"{command[:6]} failed: {out.stderr[-2000:]}")
+        return seconds
+
+    horovodrun = [
+        str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
+        "-H", "localhost:2", *script,
+    ]  # fmt: skip
+    local = alternate(
+        {"horovodrun": lambda: timed(horovodrun), "horovod-ray local": lambda: timed(cli + script)},
+        mode.reps,
+    )
+    ray.init(address="local", num_cpus=NUM_CPUS, log_to_driver=False, include_dashboard=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        joining = alternate(
+            {
+                "horovodrun": lambda: timed(horovodrun),
+                "horovod-ray joining": lambda: timed([*cli, "--address", address, *script]),
+            },
+            mode.reps,
+        )
+    finally:
+        ray.shutdown()
+    runs = {
+        "horovodrun": local["horovodrun"] + joining["horovodrun"],
+        "horovod-ray local": local["horovod-ray local"],
+        "horovod-ray joining": joining["horovod-ray joining"],
+    }
+    return {
+        "b7_script_s": {name: summary(values) for name, values in runs.items()},
+        "b7_ratio_vs_horovodrun": ratio(joining["horovod-ray joining"], joining["horovodrun"]),
+        "b7_ratio_local_vs_horovodrun": ratio(local["horovod-ray local"], local["horovodrun"]),
+    }
+
+
 def b5(mode: Mode) -> dict:
     from ray.cluster_utils import Cluster
 
@@ -523,6 +574,14 @@ def print_table(results: dict) -> None:
             print(row(name, s, "MB/s"))
         if "b6_ratio_vs_raw_gloo" in results:
             print(f"  b6_ratio_vs_raw_gloo {results['b6_ratio_vs_raw_gloo']:.3f}")
+    if "b7_script_s" in results:
+        print("B7 script wall time, 2 ranks")
+        for name, s in results["b7_script_s"].items():
+            print(row(name, s, "s"))
+        print(
+            f"  b7_ratio_vs_horovodrun (joining) {results['b7_ratio_vs_horovodrun']:.3f}"
+            f"  local {results['b7_ratio_local_vs_horovodrun']:.3f}"
+        )
 
 
 def plot(results: dict, directory: Path) -> list[str]:
@@ -558,6 +617,8 @@ def plot(results: dict, directory: Path) -> list[str]:
         bars(f"B2 cold start, {workers} workers", systems, "seconds", f"b2_cold_{workers}.png")
     if "b4_tune_s" in results:
         bars("B4 Tune turnaround", results["b4_tune_s"], "seconds", "b4_tune.png")
+    if "b7_script_s" in results:
+        bars("B7 script wall time, 2 ranks", results["b7_script_s"], "seconds", "b7_script.png")
     if results.get("b5_cold_start_s"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         by_nodes: dict[int, list[tuple[int, float]]] = {}
@@ -582,7 +643,7 @@ def plot(results: dict, directory: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
-    parser.add_argument("--only", default="b1,b2,b3,b4,b5,b6", help="comma-separated subset")
+    parser.add_argument("--only", default="b1,b2,b3,b4,b5,b6,b7", help="comma-separated subset")
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
@@ -613,6 +674,8 @@ def main(argv: list[str] | None = None) -> int:
     if "b5" in only:
         results.update(b5(mode))
     ray.shutdown()
+    if "b7" in only:
+        results.update(b7(mode))
     if "b6" in only:
         # After the shutdown: the local Ray would otherwise idle beside the two hosts.
         results.update(b6(mode, may_install=args.mode != "smoke"))

@@ -3,6 +3,7 @@
 from horovod_ray.__version__ import __version__
 from horovod_ray.errors import (
     ConfigError,
+    ElasticLimitError,
     ExecutorStateError,
     HorovodRayError,
     PlacementTimeoutError,
@@ -17,6 +18,7 @@ from horovod_ray.settings import Settings
 
 __all__ = [
     "ConfigError",
+    "ElasticLimitError",
     "ExecutorState",
     "ExecutorStateError",
     "HorovodRayError",

@@ -53,6 +53,23 @@ class StartCancelledError(ExecutorStateError):
         super().__init__(message)
 
 
+class ElasticLimitError(HorovodRayError):
+    """An elastic job hit one of its limits (too few ranks for too long, too many resets).
+
+    Attributes:
+        limit: ``"min_workers"`` or ``"reset_limit"``.
+        wanted: Ranks the job needed (``min_workers``).
+        available: Ranks the cluster could hold when it gave up.
+    """
+
+    def __init__(self, limit: str, wanted: int, available: int, message: str) -> None:
+        super().__init__(message)
+        self.limit, self.wanted, self.available = limit, wanted, available
+
+    def __reduce__(self):
+        return (type(self), (self.limit, self.wanted, self.available, str(self)))
+
+
 class WorkerFailedError(HorovodRayError):
     """One or more Horovod ranks raised an exception or died.
 

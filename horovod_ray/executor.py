@@ -14,9 +14,10 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
+from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 
-from horovod_ray import calls, failures, job, logs, placement
+from horovod_ray import calls, elastic, failures, job, logs, placement
 from horovod_ray._stack import require_gloo
 from horovod_ray.errors import (
     ConfigError,
@@ -26,7 +27,13 @@ from horovod_ray.errors import (
 )
 from horovod_ray.lifecycle import FINAL, ExecutorState, Lifecycle
 from horovod_ray.ranks import RankInfo
-from horovod_ray.settings import Settings, WorkerLayout, check_env, create_settings
+from horovod_ray.settings import (
+    ElasticLayout,
+    Settings,
+    WorkerLayout,
+    check_env,
+    create_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +64,17 @@ class RayExecutor:
         use_current_placement_group: Inside a placement group (a Tune trial, an actor
             placed in one), place the ranks there instead of reserving a new group. Both
             counts may then be omitted: each bundle takes as many ranks as it fits.
+        min_workers: Makes the job elastic (``horovod.elastic``): it runs on no fewer
+            than this many ranks, shrinking when ranks or nodes are lost and growing when
+            room appears. Only ``run()`` works on an elastic job; leave ``num_workers``
+            and ``num_hosts`` unset.
+        max_workers: The most ranks an elastic job grows to (None: as many as fit).
+        reset_limit: Elastic: fail after more than this many resets (None: no limit).
+        cooldown_range: Elastic: (low, high) seconds a failed node is kept out, growing
+            between the two with each failure (None: a failed node stays out).
+        elastic_timeout: Elastic: seconds the job may stay below ``min_workers``.
+        discovery_interval_s: Elastic: how often Ray's node table is read for new room
+            (horovod's driver asks every second; this may only slow it).
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -74,6 +92,12 @@ class RayExecutor:
         use_gpu: bool = False,
         gpus_per_worker: float | None = None,
         use_current_placement_group: bool = True,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        reset_limit: int | None = None,
+        cooldown_range: tuple[int, int] | None = None,
+        elastic_timeout: float = 600,
+        discovery_interval_s: float = 1.0,
     ) -> None:
         if settings is None:
             settings = create_settings()
@@ -84,6 +108,30 @@ class RayExecutor:
                 f"got {type(settings).__name__}",
             )
         self.settings = settings
+        self.elastic: ElasticLayout | None = None
+        if min_workers is not None or max_workers is not None:
+            if num_workers is not None or num_hosts is not None:
+                raise ConfigError(
+                    "min_workers",
+                    "an elastic job (min_workers/max_workers) sizes itself: leave "
+                    "num_workers and num_hosts unset",
+                )
+            if min_workers is None:
+                raise ConfigError(
+                    "min_workers", "max_workers needs min_workers (the fewest ranks to run on)"
+                )
+            self.elastic = ElasticLayout(
+                min_workers=min_workers,
+                max_workers=max_workers,
+                cpus_per_worker=cpus_per_worker,
+                use_gpu=use_gpu,
+                gpus_per_worker=gpus_per_worker,
+                reset_limit=reset_limit,
+                cooldown_range=cooldown_range,
+                elastic_timeout_s=elastic_timeout,
+                discovery_interval_s=discovery_interval_s,
+            )
+            num_workers = min_workers
         self.layout = WorkerLayout(
             num_workers=num_workers,
             num_hosts=num_hosts,
@@ -96,6 +144,9 @@ class RayExecutor:
         if not use_current_placement_group:
             self.layout.require_counts()
         self._lifecycle = Lifecycle()
+        # An elastic job's start() keeps what each run() needs; run() holds the live run.
+        self._elastic_setup: tuple[dict[str, str], bytes | None] | None = None
+        self._elastic_run: elastic.ElasticRun | None = None
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = threading.Event()
         self._lock = threading.RLock()
@@ -185,6 +236,9 @@ class RayExecutor:
                 "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
                 "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
             )
+        if self.elastic is not None:
+            self._start_elastic(env, executable)
+            return
         group = placement.current_group(self.layout)
         if group is None:
             self.layout.require_counts()
@@ -219,6 +273,19 @@ class RayExecutor:
             self._job = started
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         self._log_ranks(started)
+
+    def _start_elastic(self, env: dict[str, str], executable: bytes | None) -> None:
+        """An elastic job takes nothing at start(): each run() places its own ranks."""
+        if ray_client.is_connected():
+            raise HorovodRayError(
+                "elastic jobs need their driver inside the cluster (horovod's elastic "
+                "driver answers the ranks directly), not a Ray Client (ray://) driver; "
+                "submit the script with `ray job submit` instead"
+            )
+        if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
+            raise ExecutorStateError("start() raced with another start() or stop()")
+        self._elastic_setup = (env, executable)
+        self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
 
     def _check(self) -> None:
         """Raises when stop() was called during start()."""
@@ -285,12 +352,47 @@ class RayExecutor:
         Returns:
             Each rank's return value, in world-rank order.
         """
+        if self.elastic is not None:
+            return self._run_elastic(call, callbacks, action)
         running = self._running(action)
         message = self._dispatcher.message(call)
         refs = [calls.send(actor, message) for actor in running.actors]
         results = self._collect(running, refs, callbacks, message.call_id)
         self._dispatcher.completed(call, message)
         return results
+
+    def _run_elastic(
+        self, call: calls.Call, callbacks: list[Callable[[dict], None]], action: str
+    ) -> list[Any]:
+        if action != "run" or call.args is None:
+            raise ExecutorStateError(
+                f"{action} is not available on an elastic job: its ranks exist only while "
+                f"run() runs (use run(fn), with hvd.elastic.run inside fn)"
+            )
+        with self._lock:
+            state = self.state
+            if state is not ExecutorState.RUNNING or self._elastic_run is not None:
+                busy = "another run() is in progress" if state is ExecutorState.RUNNING else ""
+                raise ExecutorStateError(
+                    f"run needs a running elastic executor, this one is {state.value}"
+                    + (f": {busy}" if busy else "")
+                )
+            env, executable = self._elastic_setup
+            current = self._elastic_run = elastic.ElasticRun(
+                self.settings, self.elastic, env, executable
+            )
+        try:
+            return current.run(call.fn, call.args, callbacks)
+        except BaseException as err:
+            if self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+                self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.FAILED)
+            interrupt = _interrupt_in(err)
+            if interrupt is not None:
+                raise interrupt from None
+            raise
+        finally:
+            with self._lock:
+                self._elastic_run = None
 
     def run_remote(
         self,
@@ -305,6 +407,7 @@ class RayExecutor:
             there as Ray errors (use ``run`` for WorkerFailedError and cleanup).
         """
         call = calls.prepare(fn, args, kwargs)
+        self._refuse_elastic("run_remote")
         running = self._running("run_remote")
         message = self._dispatcher.message(call)
         return [calls.send(actor, message) for actor in running.actors]
@@ -319,6 +422,7 @@ class RayExecutor:
             WorkerFailedError: Rank 0 raised or died; the job has been stopped.
         """
         call = calls.prepare_execute(fn)
+        self._refuse_elastic("execute_single")
         running = self._running("execute_single")
         message = self._dispatcher.message(call, all_ranks=False)
         ref = calls.send(running.actors[0], message)
@@ -401,7 +505,13 @@ class RayExecutor:
         with self._lock:
             running = self._job
             busy = self._calls_in_flight > 0
+            current = self._elastic_run
+        if current is not None:
+            current.stop()  # its run() then returns or raises in the caller's thread
         if not lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+            return
+        if running is None:  # elastic: nothing is held between runs
+            lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
             return
         try:
             job.release(running.held, grace_s=0 if busy else STOP_GRACE_S)
@@ -419,7 +529,15 @@ class RayExecutor:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
+    def _refuse_elastic(self, action: str) -> None:
+        if self.elastic is not None:
+            raise ExecutorStateError(
+                f"{action} is not available on an elastic job: its ranks exist only while "
+                f"run() runs (use run(fn), with hvd.elastic.run inside fn)"
+            )
+
     def _running(self, action: str) -> job.Job:
+        self._refuse_elastic(action)
         with self._lock:
             state, running = self.state, self._job
         if state is ExecutorState.RUNNING and running is not None:

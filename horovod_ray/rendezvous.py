@@ -109,9 +109,14 @@ class _Server(RendezvousHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: tuple[str, int], allowed_sources: Iterable[str], verbose: bool
+        self,
+        address: tuple[str, int],
+        allowed_sources: Iterable[str],
+        verbose: bool,
+        handler: type[_Handler] = _Handler,
     ) -> None:
-        super().__init__(address, _Handler, verbose)
+        super().__init__(address, handler, verbose)
+        # Replaced whole (never mutated) when an elastic job's new node is let in.
         self.allowed_sources = frozenset(allowed_sources)
         # Made per server, never at import; only the workers' environment carries it.
         self.secret = secrets.token_urlsafe(32)
@@ -137,10 +142,18 @@ class RendezvousServer:
         verbose: >= 2 makes horovod's store log every scope change.
     """
 
-    def __init__(self, bind_address: str, allowed_sources: Iterable[str], verbose: int = 0):
+    def __init__(
+        self,
+        bind_address: str,
+        allowed_sources: Iterable[str],
+        verbose: int = 0,
+        store: type[RendezvousHandler] | None = None,
+    ):
         self._bind_address = bind_address
         self._allowed = tuple(allowed_sources)
         self._verbose = verbose
+        # horovod's store logic: the static one, or the elastic driver's (rank_and_size).
+        self._handler = _Handler if store is None else type("_Handler", (_Handler, store), {})
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -172,7 +185,9 @@ class RendezvousServer:
             RendezvousError: The address could not be bound.
         """
         try:
-            server = _Server((self._bind_address, 0), self._allowed, self._verbose >= 2)
+            server = _Server(
+                (self._bind_address, 0), self._allowed, self._verbose >= 2, self._handler
+            )
         except OSError as err:
             raise RendezvousError(
                 f"could not start the rendezvous server on {self._bind_address}: {err}"
@@ -191,6 +206,17 @@ class RendezvousServer:
         self._server, self._thread = server, thread
         logger.debug("rendezvous server listening on %s:%d", *self.address)
         return self.address
+
+    def allow(self, address: str) -> None:
+        """Lets one more source address in (a node that joined an elastic job)."""
+        server = self._server
+        if server is not None and address not in server.allowed_sources:
+            server.allowed_sources = server.allowed_sources | {address}
+
+    def init(self, host_alloc_plan: Sequence[Any]) -> None:
+        """A new world (elastic jobs): clears the store and sets the new scope sizes."""
+        if self._server is not None:
+            self._server.init(host_alloc_plan)
 
     def joined_ranks(self) -> set[int]:
         """World ranks that have ever published their address in the global scope."""

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import ray
 
 from horovod_ray import calls
+from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import check_env, create_settings
 
@@ -19,14 +20,18 @@ def run(
     train_fn: Callable[..., Any],
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
-    num_hosts: int = 1,
-    num_slots: int = 1,
+    num_hosts: int | None = None,
+    num_slots: int | None = None,
     cpus_per_slot: float = 1,
     use_gpu: bool = False,
     timeout_s: float = 120,
     nics: Iterable[str] | None = None,
     env: Mapping[str, str] | None = None,
     callbacks: Sequence[Callable[[dict], None]] | None = None,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    reset_limit: int | None = None,
+    elastic_timeout: float = 600,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -40,32 +45,60 @@ def run(
         train_fn: The training function; each rank calls ``hvd.init()`` inside it.
         args: Positional arguments for ``train_fn``.
         kwargs: Keyword arguments for ``train_fn``.
-        num_hosts: Nodes to spread over (one placement bundle each, strictly spread).
-        num_slots: Ranks per node.
+        num_hosts: Nodes to spread over (one placement bundle each, strictly spread);
+            default 1.
+        num_slots: Ranks per node; default 1.
         cpus_per_slot: CPUs each rank reserves.
         use_gpu: Reserve one GPU per rank.
         timeout_s: Seconds Gloo waits for peers before failing.
         nics: Network interfaces for Gloo in order of preference, e.g.
             ``["eth0", "ens5"]``: each node uses the first it has. None picks one.
         env: More environment variables (str to str) for every rank.
-        callbacks: Called on the driver with each dict rank 0 passes to ``log()``.
+        callbacks: Called on the driver with each dict rank 0 passes to ``log()``; for an
+            elastic job, with each change of membership.
+        min_workers: Makes the job elastic (see ``RayExecutor``): ``train_fn`` uses
+            ``hvd.elastic.run`` and the world shrinks to no fewer than this many ranks.
+            Leave ``num_hosts`` and ``num_slots`` unset then.
+        max_workers: The most ranks an elastic job grows to.
+        reset_limit: Elastic: fail after more than this many resets.
+        elastic_timeout: Elastic: seconds the job may stay below ``min_workers``.
 
     Returns:
-        Each rank's return value, in world-rank order.
+        Each rank's return value, in world-rank order (an elastic job's final world).
 
     Raises:
         ConfigError: A bad argument, before Ray is touched.
+        ElasticLimitError: An elastic job stayed below ``min_workers`` too long, or reset
+            more than ``reset_limit`` times.
         PlacementTimeoutError: The cluster cannot hold the job.
         WorkerFailedError: A rank raised or died.
     """
     settings = create_settings(timeout_s=timeout_s, nics=nics)
-    executor = RayExecutor(
-        settings,
-        num_hosts=num_hosts,
-        num_workers_per_host=num_slots,
-        cpus_per_worker=cpus_per_slot,
-        use_gpu=use_gpu,
-    )
+    if min_workers is None and max_workers is None:
+        executor = RayExecutor(
+            settings,
+            num_hosts=1 if num_hosts is None else num_hosts,
+            num_workers_per_host=1 if num_slots is None else num_slots,
+            cpus_per_worker=cpus_per_slot,
+            use_gpu=use_gpu,
+        )
+    else:
+        if num_slots is not None:
+            raise ConfigError(
+                "num_slots",
+                "an elastic job (min_workers/max_workers) sizes itself: leave num_hosts "
+                "and num_slots unset",
+            )
+        executor = RayExecutor(
+            settings,
+            num_hosts=num_hosts,
+            cpus_per_worker=cpus_per_slot,
+            use_gpu=use_gpu,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            reset_limit=reset_limit,
+            elastic_timeout=elastic_timeout,
+        )
     # Everything the executor would check later is checked now, before Ray starts, and
     # the function and its arguments are pickled once, here.
     call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")

@@ -44,6 +44,8 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b3_ratio",
         "b4_ratio",
         "b5_cold_start_s",
+        "b7_script_s",
+        "b7_ratio_vs_horovodrun",
     ):
         numbers = _numbers(figures[key])
         assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key
@@ -54,6 +56,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "HorovodTrainer",
         "horovodrun",
     }
+    assert set(figures["b7_script_s"]) == {"horovodrun", "horovod-ray local", "horovod-ray joining"}
     # B6 needs simulated hosts (root, ip netns); without them it says why.
     assert figures.get("b6_skipped") or _numbers(figures["b6_allreduce_mbps"]["horovod_ray"])
     for plot in figures["plots"]:

@@ -8,6 +8,7 @@ import pytest
 
 from horovod_ray import (
     ConfigError,
+    ElasticLimitError,
     ExecutorStateError,
     HorovodRayError,
     PlacementTimeoutError,
@@ -19,7 +20,13 @@ from horovod_ray import (
 def test_hierarchy():
     assert issubclass(ConfigError, ValueError)
     assert issubclass(PlacementTimeoutError, TimeoutError)
-    for cls in (ConfigError, PlacementTimeoutError, RendezvousError, ExecutorStateError):
+    for cls in (
+        ConfigError,
+        PlacementTimeoutError,
+        RendezvousError,
+        ExecutorStateError,
+        ElasticLimitError,
+    ):
         assert issubclass(cls, HorovodRayError)
     assert issubclass(WorkerFailedError, HorovodRayError)
 
@@ -32,6 +39,7 @@ def test_hierarchy():
         RendezvousError("ranks [1] never joined"),
         ExecutorStateError("call start() first"),
         WorkerFailedError({1: "raised on node x:\nValueError: boom", 0: "process died"}),
+        ElasticLimitError("reset_limit", 2, 4, "more than reset_limit=1 resets"),
     ],
     ids=lambda e: type(e).__name__,
 )

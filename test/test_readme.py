@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -35,39 +36,56 @@ def _run_python(code: str, env: dict | None = None) -> str:
     return result.stdout
 
 
+def _block(marker: str) -> str:
+    (block,) = [b for b in PYTHON if marker in b]
+    return block
+
+
 def test_readme_has_the_snippets_this_test_runs():
-    assert len(PYTHON) == 5
-    assert "horovod_ray.run(allreduce_ranks" in PYTHON[0]
-    assert "RayExecutor(settings" in PYTHON[1]
-    assert "DistributedTrainableCreator(train" in PYTHON[2]
-    assert 'ray.init(address="auto")' in PYTHON[3]
-    # Run on simulated hosts, with the head's address for HEAD (test/hosts).
-    assert 'ray.init("ray://HEAD:10001")' in PYTHON[4]
+    assert len(PYTHON) == 6
+    for marker in (
+        "horovod_ray.run(allreduce_ranks",
+        "RayExecutor(settings",
+        "DistributedTrainableCreator(train",
+        "min_workers=2, max_workers=4",
+        'ray.init(address="auto")',
+        # Run on simulated hosts, with the head's address for HEAD (test/hosts).
+        'ray.init("ray://HEAD:10001")',
+    ):
+        assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in readme_blocks("bash"))
 
 
 def test_quickstart_run_snippet():
-    out = _run_python(PYTHON[0])
+    out = _run_python(_block("horovod_ray.run(allreduce_ranks"))
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
 
 
 def test_quickstart_executor_snippet():
-    out = _run_python(PYTHON[1])
+    out = _run_python(_block("RayExecutor(settings"))
     assert "RankInfo(world_rank=0" in out
 
 
 def test_tune_snippet():
-    out = _run_python(PYTHON[2])
+    out = _run_python(_block("DistributedTrainableCreator(train"))
     assert "{'lr': 0.01}" in out
 
 
 def test_existing_cluster_snippet():
     cluster = start_cluster([1, 1])
     try:
-        out = _run_python(PYTHON[3], env={"RAY_ADDRESS": cluster.address})
+        out = _run_python(_block('ray.init(address="auto")'), env={"RAY_ADDRESS": cluster.address})
     finally:
         start_local_ray(4)
     assert out.strip().startswith("[")
+
+
+def test_elastic_snippet():
+    out = _run_python(_block("min_workers=2, max_workers=4"))
+    # Membership dicts from the callback, then the final world's results (one per rank).
+    assert "'event': 'membership'" in out
+    results = ast.literal_eval(out.strip().splitlines()[-1])
+    assert len(results) >= 2 and set(results) == {len(results)}
 
 
 def test_tune_example_command_prints_the_best_config():

@@ -162,7 +162,8 @@ def test_ray_client_from_a_machine_outside_the_cluster(cluster: SimHosts) -> Non
 
 
 def test_readme_ray_client_snippet(cluster: SimHosts) -> None:
-    snippet = readme_blocks("python")[4].replace("HEAD", cluster.head.address)
+    snippet = next(b for b in readme_blocks("python") if "ray://HEAD" in b)
+    snippet = snippet.replace("HEAD", cluster.head.address)
     out = cluster.python(cluster.hosts["h4"], ["-c", snippet]).stdout
     names = ast.literal_eval(out.strip().splitlines()[-1])
     assert len(names) == 2 and len(set(names)) == 2

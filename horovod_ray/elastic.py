@@ -1,0 +1,471 @@
+"""Elastic jobs: horovod's own elastic driver, with Ray placing one actor per rank.
+
+horovod's :class:`~horovod.runner.elastic.driver.ElasticDriver` decides the world: it asks
+a discovery object which hosts have how many slots, assigns ranks, and after a failure or
+a change of hosts lets the survivors roll back to their last commit (``hvd.elastic.run``)
+and go on. Here a host is a Ray node (keyed by node id, as static jobs set
+``HOROVOD_HOSTNAME``), :class:`NodeDiscovery` reads Ray's node table, and each slot the
+driver starts becomes one :class:`~horovod_ray.worker.Worker` actor pinned to its node
+(:meth:`ElasticRun.run_slot`). The rendezvous is this package's locked-down server with
+horovod's elastic store mixed in, and lets each new node's address in as it joins.
+
+While the world is below ``max_workers``, the job asks Ray's autoscaler for the missing
+ranks' resources (``request_resources``) and withdraws the request when it ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import cloudpickle
+import ray
+from horovod.runner.common.util import timeout as horovod_timeout
+from horovod.runner.common.util.hosts import SlotInfo
+from horovod.runner.elastic.discovery import HostDiscovery
+from horovod.runner.elastic.driver import ElasticDriver
+from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from horovod_ray import network
+from horovod_ray.errors import ElasticLimitError, HorovodRayError, WorkerFailedError
+from horovod_ray.failures import describe
+from horovod_ray.rendezvous import RendezvousServer
+from horovod_ray.settings import ElasticLayout, Settings
+from horovod_ray.worker import RemoteWorker
+
+logger = logging.getLogger(__name__)
+
+# How often a slot's thread checks whether the driver wants its worker gone.
+SLOT_POLL_S = 0.1
+# Seconds a new worker may take to be scheduled and report its node.
+WORKER_START_S = 120.0
+_RESET_LIMIT_TEXT = "number of resets during elastic job exceeded limit"
+
+
+# ------------------------------------------------------------------ discovery (pure part)
+
+
+def node_slots(
+    nodes: Iterable[Mapping[str, Any]],
+    per_worker: Mapping[str, float],
+    only_ip: str | None = None,
+) -> dict[str, int]:
+    """Slots per alive node (``ray.nodes()`` entries): how many ranks its resources hold.
+
+    Args:
+        nodes: Ray's node table.
+        per_worker: The resources one rank reserves.
+        only_ip: Count only nodes with this address (a job kept on the driver's machine).
+
+    Returns:
+        Node id -> slots, for nodes with at least one.
+    """
+    slots = {}
+    for node in nodes:
+        if not node.get("Alive") or (only_ip and node.get("NodeManagerAddress") != only_ip):
+            continue
+        resources = node.get("Resources", {})
+        fits = min(int(resources.get(name, 0) // amount) for name, amount in per_worker.items())
+        if fits > 0:
+            slots[node["NodeID"]] = fits
+    return slots
+
+
+def membership_change(
+    before: Sequence[SlotInfo], after: Sequence[SlotInfo], reset: int
+) -> dict[str, Any]:
+    """What changed between two worlds, as the dict the callbacks get."""
+    nodes_before = {slot.hostname for slot in before}
+    nodes_after = {slot.hostname for slot in after}
+    return {
+        "event": "membership",
+        "reset": reset,
+        "size_before": len(before),
+        "size_after": len(after),
+        "nodes_added": sorted(nodes_after - nodes_before),
+        "nodes_removed": sorted(nodes_before - nodes_after),
+        "ranks_added": sorted(range(len(before), len(after))),
+        "ranks_removed": sorted(range(len(after), len(before))),
+    }
+
+
+class NodeDiscovery(HostDiscovery):
+    """horovod's host discovery over Ray's node table, read at most every ``interval_s``."""
+
+    def __init__(
+        self, per_worker: Mapping[str, float], only_ip: str | None, interval_s: float
+    ) -> None:
+        super().__init__()
+        self._per_worker = dict(per_worker)
+        self._only_ip = only_ip
+        self._interval_s = interval_s
+        self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
+        self.latest: dict[str, int] = {}
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        read_at, slots = self._last
+        if time.monotonic() - read_at >= self._interval_s:
+            slots = node_slots(ray.nodes(), self._per_worker, self._only_ip)
+            self._last = (time.monotonic(), slots)
+            self.latest = slots
+        return dict(slots)
+
+
+class _Driver(ElasticDriver):
+    """horovod's driver, remembering why it last gave up waiting for slots."""
+
+    timed_out_waiting = False
+
+    def wait_for_available_slots(self, min_num_proc, min_hosts=1):
+        try:
+            return super().wait_for_available_slots(min_num_proc, min_hosts)
+        except horovod_timeout.TimeoutException:
+            self.timed_out_waiting = True
+            raise
+
+
+class _Store:
+    """The rendezvous as horovod's driver sees it: ``init(plan)`` per world, ``stop()``."""
+
+    def __init__(self, on_world: Callable[[list[SlotInfo]], None]) -> None:
+        self._on_world = on_world
+        # Set once the server exists: the server's store needs the driver, which needs this.
+        self.server: RendezvousServer | None = None
+
+    def init(self, host_alloc_plan: list[SlotInfo]) -> None:
+        self.server.init(host_alloc_plan)
+        self._on_world(list(host_alloc_plan))
+
+    def stop(self) -> None:
+        # The driver calls this more than once; the server's own stop() waits for the end.
+        pass
+
+
+def current_rank(_executable: Any = None) -> int | None:
+    """The rank horovod gives this process now (elastic resets change it), if it knows.
+
+    Sent as an ``execute``-style call, hence the unused ``executable`` argument.
+    """
+    for name in ("horovod.tensorflow", "horovod.torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                return int(module.rank())
+            except Exception:  # noqa: BLE001 - not initialised under that framework
+                continue
+    return None
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What one run gathered from its slots' threads."""
+
+    results: dict[int, Any] = dataclasses.field(default_factory=dict)
+    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    worlds: list[list[SlotInfo]] = dataclasses.field(default_factory=list)
+
+
+class ElasticRun:
+    """One elastic ``run()``: driver, rendezvous, discovery and the slots' workers.
+
+    Args:
+        settings: Timeouts, interfaces, verbosity.
+        layout: The elastic bounds and limits.
+        extra_env: More environment variables for every rank.
+        executable: ``executable_cls`` pickled with its arguments, or None.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        layout: ElasticLayout,
+        extra_env: Mapping[str, str],
+        executable: bytes | None,
+    ) -> None:
+        self._settings = settings
+        self._layout = layout
+        self._extra_env = dict(extra_env)
+        self._executable = executable
+        self._lock = threading.Lock()
+        self._actors: dict[int, Any] = {}  # by the id of the slot thread's call
+        self._outcome = _Outcome()
+        self._events: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._driver: _Driver | None = None
+        self._server: RendezvousServer | None = None
+        self._call: tuple[ray.ObjectRef, bytes | None] | None = None
+        self._local_only = True
+        self._common_env: dict[str, str] = {}
+
+    # ------------------------------------------------------------------------ driver
+
+    def run(self, fn: bytes, args: bytes | None, callbacks: list[Callable[[dict], None]]):
+        """Runs the call elastically to its end; the final world's results in rank order.
+
+        Raises:
+            ElasticLimitError: Below ``min_workers`` for ``elastic_timeout``, or more than
+                ``reset_limit`` resets.
+            WorkerFailedError: The job failed otherwise (every host failed, ...).
+        """
+        layout = self._layout
+        driver_ip = ray.util.get_node_ip_address()
+        # Loopback while every node shares the driver's address (one machine), so that
+        # nothing leaves it; otherwise the driver's address, and each node's interface.
+        self._local_only = all(
+            node["NodeManagerAddress"] == driver_ip for node in ray.nodes() if node["Alive"]
+        )
+        bind = "127.0.0.1" if self._local_only else driver_ip
+        discovery = NodeDiscovery(
+            layout.worker_resources(),
+            driver_ip if self._local_only else None,
+            layout.discovery_interval_s,
+        )
+        self._call = (ray.put(fn), args)
+        store = _Store(self._on_world)
+        self._driver = driver = _Driver(
+            store,
+            discovery,
+            min_num_proc=layout.min_workers,
+            max_num_proc=layout.max_workers,
+            timeout=layout.elastic_timeout_s,
+            reset_limit=layout.reset_limit,
+            cooldown_range=layout.cooldown_range,
+            verbose=self._settings.verbose >= 2,
+        )
+        self._server = server = RendezvousServer(
+            bind, [bind], self._settings.verbose, store=create_rendezvous_handler(driver)
+        )
+        store.server = server
+        _, port = server.start([])
+        self._common_env = {
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.worker_address,
+            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self._settings.timeout_s)),
+            "HOROVOD_ELASTIC": "1",
+        }
+        autoscaler = _AutoscalerRequest(layout)
+        try:
+            autoscaler.ask()
+            finished = threading.Event()
+            result: dict[str, Any] = {}
+
+            def drive() -> None:
+                try:
+                    driver.start(layout.min_workers, self.run_slot)
+                    result["results"] = driver.get_results()
+                except BaseException as err:  # noqa: BLE001 - handed to the caller
+                    result["error"] = err
+                finally:
+                    finished.set()
+
+            thread = threading.Thread(target=drive, name="horovod_ray-elastic", daemon=True)
+            thread.start()
+            while not finished.wait(0.1):
+                self._deliver(callbacks)
+            self._deliver(callbacks)
+            stopped_early = self._stopping.is_set()
+        finally:
+            self.stop()
+            autoscaler.withdraw()
+        if stopped_early:
+            raise HorovodRayError("the elastic run was ended by stop()")
+        return self._conclude(result, discovery)
+
+    def _deliver(self, callbacks: list[Callable[[dict], None]]) -> None:
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return
+            logger.info("elastic job: %s", event)
+            for callback in callbacks:
+                callback(event)
+
+    def _on_world(self, plan: list[SlotInfo]) -> None:
+        with self._lock:
+            before = self._outcome.worlds[-1] if self._outcome.worlds else []
+            self._outcome.worlds.append(plan)
+            resets = len(self._outcome.worlds) - 1
+        self._events.put(membership_change(before, plan, resets))
+
+    def _conclude(self, result: dict[str, Any], discovery: NodeDiscovery) -> list[Any]:
+        layout = self._layout
+        available = min(sum(discovery.latest.values()), layout.max_workers or sys.maxsize)
+        error = result.get("error")
+        driver = self._driver
+        if isinstance(error, horovod_timeout.TimeoutException) or (
+            driver is not None and driver.timed_out_waiting
+        ):
+            raise ElasticLimitError(
+                "min_workers",
+                layout.min_workers,
+                available,
+                f"elastic job stopped: fewer than min_workers={layout.min_workers} ranks "
+                f"could be placed for elastic_timeout={layout.elastic_timeout_s:g}s "
+                f"(wanted {layout.min_workers}, the cluster could hold {available}); "
+                f"add capacity or lower min_workers",
+            )
+        if error is not None:
+            raise HorovodRayError(f"elastic job failed: {error}") from error
+        results = result["results"]
+        message = results.error_message or ""
+        if _RESET_LIMIT_TEXT in message:
+            raise ElasticLimitError(
+                "reset_limit",
+                layout.min_workers,
+                available,
+                f"elastic job stopped: more than reset_limit={layout.reset_limit} resets "
+                f"(wanted at least {layout.min_workers} ranks, the cluster could hold "
+                f"{available})",
+            )
+        final = self._outcome.worlds[-1] if self._outcome.worlds else []
+        failed = {k: v for k, v in results.worker_results.items() if v[0] != 0}
+        if message or failed or len(self._outcome.results) != len(final):
+            failures = {
+                index: text for index, text in enumerate(self._outcome.failures.values())
+            } or {0: message or "the job ended without results from every rank"}
+            raise WorkerFailedError(failures)
+        return [self._outcome.results[rank] for rank in sorted(self._outcome.results)]
+
+    def stop(self) -> None:
+        """Ends the driver, every worker and the rendezvous. Safe to call more than once."""
+        self._stopping.set()
+        driver, server = self._driver, self._server
+        if driver is not None and not driver.finished():
+            driver.stop()
+        with self._lock:
+            actors = list(self._actors.values())
+            self._actors.clear()
+        for actor in actors:
+            _kill(actor)
+        if server is not None:
+            server.stop()
+
+    # ------------------------------------------------------------------------ slots
+
+    def run_slot(self, slot: SlotInfo, events: Sequence[threading.Event]) -> tuple[int, float]:
+        """One rank from start to exit (horovod's driver calls it, in its own thread).
+
+        Never raises: horovod counts the return value, ``(exit code, time)``.
+        """
+        key = threading.get_ident()
+        actor = None
+        try:
+            actor = RemoteWorker.options(
+                num_cpus=self._layout.cpus_per_worker,
+                num_gpus=self._layout.gpus,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(slot.hostname, soft=False),
+            ).remote()
+            with self._lock:
+                if self._stopping.is_set():
+                    _kill(actor)
+                    return 1, time.time()
+                self._actors[key] = actor
+            facts = self._wait(actor.node_info.remote(), events, WORKER_START_S)
+            iface = network.gloo_iface(facts, self._settings.nics, self._local_only)
+            self._server.allow(facts.node_ip)
+            env = {
+                **self._common_env,
+                **_slot_env(slot),
+                "HOROVOD_GLOO_IFACE": iface,
+                **self._extra_env,
+            }
+            self._wait(actor.setup.remote(env, False, self._executable), events, WORKER_START_S)
+            fn_ref, args = self._call
+            value = self._wait(actor.call.remote(1, None, fn_ref, args), events, None)
+            rank_fn = cloudpickle.dumps(current_rank)
+            rank = self._wait(actor.call.remote(2, None, rank_fn, None), events, 30)
+            with self._lock:
+                self._outcome.results[slot.rank if rank is None else rank] = value
+            return 0, time.time()
+        except _ReleasedError:
+            return 1, time.time()
+        except Exception as err:  # noqa: BLE001 - horovod counts the exit code
+            where = f"node {slot.hostname[:12]}, slot {slot.local_rank}"
+            with self._lock:
+                self._outcome.failures[f"{slot.hostname}:{slot.local_rank}"] = describe(err, where)
+            logger.info("elastic job: the rank on %s ended: %s", where, err)
+            return 1, time.time()
+        finally:
+            with self._lock:
+                self._actors.pop(key, None)
+            if actor is not None:
+                _kill(actor)
+
+    def _wait(
+        self, ref: ray.ObjectRef, events: Sequence[threading.Event], timeout_s: float | None
+    ) -> Any:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ready, _ = ray.wait([ref], timeout=SLOT_POLL_S)
+            if ready:
+                return ray.get(ref)
+            if self._stopping.is_set() or any(event.is_set() for event in events):
+                raise _ReleasedError()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from the worker within {timeout_s:g}s")
+
+
+class _ReleasedError(Exception):
+    """The driver or stop() let this slot's worker go."""
+
+
+def _slot_env(slot: SlotInfo) -> dict[str, str]:
+    return {
+        "HOROVOD_HOSTNAME": slot.hostname,
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone is fine
+        logger.debug("kill of an elastic worker failed", exc_info=True)
+
+
+class _AutoscalerRequest:
+    """Asks Ray's autoscaler for room for ``max_workers`` ranks; withdrawn at the end.
+
+    ``request_resources`` is a standing request for the cluster's total size, so it covers
+    the ranks already running and the missing ones. Without ``max_workers`` the job takes
+    what comes and asks for nothing.
+    """
+
+    def __init__(self, layout: ElasticLayout) -> None:
+        self._bundles = (
+            [layout.worker_resources()] * layout.max_workers if layout.max_workers else []
+        )
+        self._asked = False
+
+    def ask(self) -> None:
+        if not self._bundles:
+            return
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=self._bundles)
+        self._asked = True
+
+    def withdraw(self) -> None:
+        if not self._asked:
+            return
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=[])
+        except Exception:  # noqa: BLE001 - Ray already gone
+            logger.debug("withdrawing the autoscaler request failed", exc_info=True)
+        self._asked = False

@@ -1,0 +1,212 @@
+"""Elastic jobs on a real multi-node Ray cluster: lose a node, grow back, hit the limits."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from horovod_ray import RayExecutor
+from horovod_ray.errors import ElasticLimitError, ExecutorStateError
+from test.conftest import start_cluster, stop_ray
+from test.elastic_training import train
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 0-CPU head and three 2-CPU nodes: room for 6 ranks."""
+    cluster = start_cluster([0, 2, 2, 2])
+    yield cluster
+    stop_ray()
+
+
+def _progress(folder: Path) -> tuple[int, int]:
+    try:
+        step, size = (folder / "progress").read_text().split()
+        return int(step), int(size)
+    except (FileNotFoundError, ValueError):
+        return 0, 0
+
+
+def _at(folder: Path, step: int, size: int):
+    """True once rank 0 has done ``step`` steps and the last one ran on ``size`` ranks."""
+
+    def reached() -> bool:
+        done, now = _progress(folder)
+        return done >= step and now == size
+
+    return reached
+
+
+def _wait_for(condition, timeout_s: float, what: str, run: _Run | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if run is not None and not run.thread.is_alive():
+            raise AssertionError(f"run() ended while waiting for {what}: {run.outcome}")
+        time.sleep(0.2)
+
+
+def _autoscaler_request() -> list[dict]:
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+class _Run:
+    """An elastic run() in a thread, its membership events, and its outcome."""
+
+    def __init__(self, executor: RayExecutor, folder: Path) -> None:
+        self.events: list[dict] = []
+        self.outcome: dict = {}
+
+        def target() -> None:
+            try:
+                self.outcome["results"] = executor.run(
+                    train, args=(str(folder),), callbacks=[self.events.append]
+                )
+            except BaseException as err:  # noqa: BLE001 - read by the test
+                self.outcome["error"] = err
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def sizes(self) -> list[int]:
+        return [event["size_after"] for event in self.events]
+
+
+def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path)
+        _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
+        assert _autoscaler_request() == [{"CPU": 1.0}] * 6
+        first = run.events[0]
+        lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
+        cluster.remove_node(lost)
+        _wait_for(lambda: 4 in run.sizes(), 120, "the world to shrink to 4", run)
+        shrunk_at = _progress(tmp_path)[0]
+        _wait_for(_at(tmp_path, shrunk_at + 3, 4), 120, "steps at 4 ranks", run)
+        cluster.add_node(num_cpus=2)
+        _wait_for(lambda: run.sizes()[-1] == 6 and len(run.sizes()) >= 3, 180, "growth", run)
+        grown_at = _progress(tmp_path)[0]
+        _wait_for(_at(tmp_path, grown_at + 3, 6), 120, "steps at 6 again", run)
+        (tmp_path / "finish").touch()
+        run.thread.join(120)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+    results = run.outcome["results"]
+    assert [r["rank"] for r in results] == list(range(6))
+    assert {r["size"] for r in results} == {6}
+    history = results[0]["history"]
+    assert all(r["history"] == history for r in results)  # every rank holds one state
+    steps = [step for step, _, _ in history]
+    assert steps == list(range(len(steps)))  # every step once, rolled back where needed
+    sizes = [size for _, size, _ in history]
+    assert all(total == size for _, size, total in history)  # the allreduce saw everyone
+    assert sizes[0] == 6 and sizes[-1] == 6 and 4 in sizes
+    first_four = sizes.index(4)
+    assert set(sizes[first_four:]) == {4, 6} and sizes[first_four:].index(6) > 0
+    # A reset that keeps the world (a second notice of the same loss) may come between.
+    changes = [e for e in run.events if e["size_before"] != e["size_after"]]
+    assert [(e["size_before"], e["size_after"]) for e in changes] == [(0, 6), (6, 4), (4, 6)]
+    assert changes[1]["nodes_removed"] == [lost.node_id]
+    assert len(changes[2]["nodes_added"]) == 1
+    assert _autoscaler_request() == []  # withdrawn at the end
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+
+
+def _our_actors() -> list:
+    from ray.util import state
+
+    return [
+        a
+        for a in state.list_actors(
+            address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")]
+        )
+        if a.class_name == "Worker"
+    ]
+
+
+def test_below_min_workers_fails_with_the_limit_named(cluster):
+    executor = RayExecutor(min_workers=7, max_workers=8, elastic_timeout=3)
+    executor.start()
+    with pytest.raises(ElasticLimitError) as raised:
+        executor.run(train, args=("/nonexistent",))
+    error = raised.value
+    assert (error.limit, error.wanted, error.available) == ("min_workers", 7, 6)
+    assert "min_workers=7" in str(error) and "elastic_timeout=3s" in str(error)
+    executor.stop()
+    assert _autoscaler_request() == []
+
+
+def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=4, reset_limit=0)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path)
+        _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
+        used = run.events[0]["nodes_added"]
+        cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id in used))
+        run.thread.join(120)
+    finally:
+        executor.stop()
+    error = run.outcome["error"]
+    assert isinstance(error, ElasticLimitError), error
+    assert error.limit == "reset_limit" and "reset_limit=0" in str(error)
+    cluster.add_node(num_cpus=2)  # leave three worker nodes for what comes next
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+
+
+def test_other_calls_are_refused_on_an_elastic_job(cluster):
+    executor = RayExecutor(min_workers=1, max_workers=2)
+    executor.start()
+    try:
+        for call in (
+            lambda: executor.execute(lambda _: 1),
+            lambda: executor.run_remote(lambda: 1),
+            lambda: executor.execute_single(lambda _: 1),
+        ):
+            with pytest.raises(ExecutorStateError, match="not available on an elastic job"):
+                call()
+    finally:
+        executor.stop()
+
+
+def test_repeated_runs_leak_nothing(cluster, tmp_path):
+    """Threads, fds and actors of the driver stay level over repeated elastic runs."""
+    import psutil
+
+    (tmp_path / "finish").touch()  # one step per run
+    executor = RayExecutor(min_workers=2, max_workers=4)
+    executor.start()
+    process = psutil.Process()
+
+    def footprint() -> tuple[int, int]:
+        _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+        return threading.active_count(), process.num_fds()
+
+    try:
+        executor.run(train, args=(str(tmp_path),))  # warms up Ray's own threads and fds
+        before = footprint()
+        for _ in range(3):
+            results = executor.run(train, args=(str(tmp_path),))
+            assert [r["rank"] for r in results] == list(range(4))
+        after = footprint()
+    finally:
+        executor.stop()
+    assert after[0] <= before[0], f"threads grew: {before[0]} -> {after[0]}"
+    assert after[1] <= before[1] + 2, f"fds grew: {before[1]} -> {after[1]}"
+    assert _autoscaler_request() == []

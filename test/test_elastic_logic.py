@@ -1,0 +1,95 @@
+"""Elastic jobs' pure parts: slots per node, membership changes, argument checks (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+from horovod.runner.common.util.hosts import SlotInfo
+
+from horovod_ray import RayExecutor
+from horovod_ray.elastic import membership_change, node_slots
+from horovod_ray.errors import ConfigError
+from horovod_ray.settings import ElasticLayout
+
+
+def _node(node_id: str, cpus: float, gpus: float = 0, alive: bool = True, ip: str = "10.0.0.1"):
+    resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": ip, "Resources": resources}
+
+
+def test_node_slots_counts_whole_ranks_on_alive_nodes():
+    nodes = [
+        _node("head", 0),
+        _node("a", 2),
+        _node("b", 3.5),
+        _node("dead", 8, alive=False),
+        _node("c", 4, ip="10.0.0.2"),
+    ]
+    assert node_slots(nodes, {"CPU": 1.0}) == {"a": 2, "b": 3, "c": 4}
+    assert node_slots(nodes, {"CPU": 2.0}) == {"a": 1, "b": 1, "c": 2}
+    assert node_slots(nodes, {"CPU": 1.0}, only_ip="10.0.0.2") == {"c": 4}
+
+
+def test_node_slots_is_bounded_by_the_scarcest_resource():
+    nodes = [_node("g", 8, gpus=2), _node("cpu-only", 8)]
+    assert node_slots(nodes, {"CPU": 1.0, "GPU": 1.0}) == {"g": 2}
+
+
+def _world(hosts: list[tuple[str, int]]) -> list[SlotInfo]:
+    size = sum(n for _, n in hosts)
+    slots, rank = [], 0
+    for host, count in hosts:
+        for local in range(count):
+            slots.append(SlotInfo(host, rank, local, 0, size, count, 1))
+            rank += 1
+    return slots
+
+
+def test_membership_change_names_nodes_and_ranks():
+    six = _world([("a", 2), ("b", 2), ("c", 2)])
+    four = _world([("a", 2), ("b", 2)])
+    assert membership_change([], six, 0) == {
+        "event": "membership",
+        "reset": 0,
+        "size_before": 0,
+        "size_after": 6,
+        "nodes_added": ["a", "b", "c"],
+        "nodes_removed": [],
+        "ranks_added": [0, 1, 2, 3, 4, 5],
+        "ranks_removed": [],
+    }
+    shrink = membership_change(six, four, 1)
+    assert (shrink["size_before"], shrink["size_after"]) == (6, 4)
+    assert shrink["nodes_removed"] == ["c"] and shrink["ranks_removed"] == [4, 5]
+    grow = membership_change(four, _world([("a", 2), ("b", 2), ("d", 2)]), 2)
+    assert grow["nodes_added"] == ["d"] and grow["ranks_added"] == [4, 5]
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter, text",
+    [
+        ({"min_workers": 0}, "min_workers", "> 0"),
+        ({"min_workers": 3, "max_workers": 2}, "max_workers", "below min_workers=3"),
+        ({"min_workers": 2, "max_workers": 0}, "max_workers", "> 0"),
+        ({"min_workers": 1, "reset_limit": -1}, "reset_limit", ">= 0"),
+        ({"min_workers": 1, "cooldown_range": (0, 5)}, "cooldown_range", "1 <= low"),
+        ({"min_workers": 1, "cooldown_range": 5}, "cooldown_range", "(low, high)"),
+        ({"min_workers": 1, "elastic_timeout": 0}, "elastic_timeout", "> 0"),
+        ({"min_workers": 1, "cpus_per_worker": 0}, "cpus_per_worker", "> 0"),
+        ({"min_workers": 2, "num_workers": 2}, "min_workers", "leave num_workers"),
+        ({"min_workers": 2, "num_hosts": 1}, "min_workers", "leave num_workers"),
+        ({"max_workers": 4}, "min_workers", "max_workers needs min_workers"),
+    ],
+)
+def test_bad_elastic_arguments_are_refused_at_construction(kwargs, parameter, text):
+    with pytest.raises(ConfigError) as raised:
+        RayExecutor(**kwargs)
+    assert raised.value.parameter == parameter
+    assert text in str(raised.value)
+
+
+def test_elastic_layout_keeps_the_bounds():
+    layout = ElasticLayout(min_workers=2, max_workers=6, cooldown_range=[5, 60])
+    assert layout.cooldown_range == (5, 60)
+    assert layout.worker_resources() == {"CPU": 1.0}
+    executor = RayExecutor(min_workers=2, max_workers=6)
+    assert executor.elastic.max_workers == 6

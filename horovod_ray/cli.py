@@ -13,10 +13,12 @@ import os
 import shutil
 import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Callable, Sequence
 
 from horovod_ray.command import CommandJob, Output
-from horovod_ray.errors import ConfigError, HorovodRayError
+from horovod_ray.errors import ConfigError
+from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import MANAGED_ENV, create_settings
 
 # The shell's convention for "ended by signal N", which horovodrun's users script against.
@@ -93,12 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         "first it has (e.g. 'eth0,ens5')",
     )  # fmt: skip
     horovod.add_argument(
-        "--start-timeout", type=float, default=100, metavar="S",
-        help="seconds Ray may take to place every rank (default 100)",
+        "--start-timeout", type=float, default=None, metavar="S",
+        help="seconds Ray may take to place every rank (default: HOROVOD_START_TIMEOUT, "
+        "else 100)",
     )  # fmt: skip
     horovod.add_argument(
-        "--gloo-timeout-seconds", type=float, default=120, metavar="S",
-        help="seconds Gloo waits for peers (default 120)",
+        "--gloo-timeout-seconds", type=float, default=None, metavar="S",
+        help="seconds Gloo waits for peers (default: HOROVOD_GLOO_TIMEOUT_SECONDS, else 120)",
     )  # fmt: skip
     horovod.add_argument(
         "--output-filename", metavar="DIR",
@@ -130,12 +133,17 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _check_command(command: list[str]) -> list[str]:
+def _check_command(command: list[str], working_dir: str | None = None) -> list[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise _UsageError("give the COMMAND to run, e.g. `horovod-ray run -np 2 python train.py`")
+    if working_dir is not None and not os.path.isdir(working_dir):
+        raise _UsageError(f"--working-dir: {working_dir!r} is not a directory")
     program = command[0]
+    if working_dir is not None and "/" in program and not os.path.isabs(program):
+        # The ranks start in the shipped copy of the working directory.
+        program = os.path.join(working_dir, program)
     found = shutil.which(program)
     if found is None:
         raise _UsageError(
@@ -145,9 +153,19 @@ def _check_command(command: list[str]) -> list[str]:
     return command
 
 
-def _build_executor(args: argparse.Namespace):
-    from horovod_ray.executor import RayExecutor
+def _flag_or_env(value: float | None, variable: str, default: float) -> float:
+    if value is not None:
+        return value
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise _UsageError(f"{variable}={text!r} is not a number of seconds") from None
 
+
+def _build_executor(args: argparse.Namespace) -> RayExecutor:
     if args.num_proc is not None and args.num_hosts is not None:
         raise _UsageError("give -np or --num-hosts, not both")
     if args.num_proc is None and args.num_hosts is None:
@@ -157,8 +175,11 @@ def _build_executor(args: argparse.Namespace):
     nics = None if args.nics is None else [nic for nic in args.nics.split(",") if nic]
     try:
         settings = create_settings(
-            timeout_s=args.gloo_timeout_seconds,
-            placement_group_timeout_s=args.start_timeout,
+            # As horovodrun: the flag, else the variable, else the default.
+            timeout_s=_flag_or_env(args.gloo_timeout_seconds, "HOROVOD_GLOO_TIMEOUT_SECONDS", 120),
+            placement_group_timeout_s=_flag_or_env(
+                args.start_timeout, "HOROVOD_START_TIMEOUT", 100
+            ),
             nics=nics,
             verbose=2 if args.verbose else 1,
         )
@@ -166,7 +187,7 @@ def _build_executor(args: argparse.Namespace):
             settings,
             num_workers=args.num_proc,
             num_hosts=args.num_hosts,
-            num_workers_per_host=args.slots_per_host or 1,
+            num_workers_per_host=1 if args.slots_per_host is None else args.slots_per_host,
             cpus_per_worker=args.cpus_per_worker,
             use_gpu=bool(args.gpus_per_worker),
             gpus_per_worker=args.gpus_per_worker or None,
@@ -197,11 +218,16 @@ def _as_flag(err: ConfigError) -> str:
 
 
 class _Signals:
-    """Turns the first Ctrl-C or SIGTERM into a request to stop; a second one interrupts."""
+    """Turns the first Ctrl-C or SIGTERM into a request to stop; a second one interrupts.
+
+    While the job starts, the request also calls ``on_signal`` (which stops the executor,
+    so that a start waiting for room gives up at once).
+    """
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous = {}
+        self.on_signal: Callable[[], None] | None = None
+        self._previous: dict = {}
 
     def __enter__(self) -> _Signals:
         self.install()
@@ -217,14 +243,20 @@ class _Signals:
         if self.received is not None:
             raise KeyboardInterrupt
         self.received = signum
+        if self.on_signal is not None:
+            threading.Thread(target=self.on_signal, daemon=True).start()
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
 
-def _init_ray(args: argparse.Namespace, executor) -> bool:
-    """Joins the cluster asked for, or starts a local Ray; True when it started one."""
+def _ray_address(args: argparse.Namespace) -> str | None:
+    return args.address or os.environ.get("RAY_ADDRESS")
+
+
+def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
+    """Joins the cluster asked for, or starts a local Ray."""
     import ray
 
     options: dict = {
@@ -233,10 +265,10 @@ def _init_ray(args: argparse.Namespace, executor) -> bool:
     }
     if args.working_dir:
         options["runtime_env"] = {"working_dir": args.working_dir}
-    address = args.address or os.environ.get("RAY_ADDRESS")
+    address = _ray_address(args)
     if address:
         ray.init(address=address, **options)
-        return False
+        return
     # Enough logical CPUs for the job, as horovodrun runs -np 4 on a 2-core machine.
     layout = executor.layout
     ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
@@ -246,17 +278,17 @@ def _init_ray(args: argparse.Namespace, executor) -> bool:
         include_dashboard=False,
         **options,
     )
-    return True
 
 
 def run_command(args: argparse.Namespace) -> int:
     """``horovod-ray run``; returns the exit status."""
     try:
-        command = _check_command(args.command)
+        command = _check_command(args.command, args.working_dir)
         extra_env = _parse_env(args.env)
         executor = _build_executor(args)
-        if args.working_dir and not os.path.isdir(args.working_dir):
-            raise _UsageError(f"--working-dir: {args.working_dir!r} is not a directory")
+        if args.nics:
+            # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
+            extra_env.setdefault("NCCL_SOCKET_IFNAME", args.nics)
         output = Output(sys.stdout, sys.stderr, args.output_filename)
         if args.output_filename:
             try:
@@ -273,26 +305,46 @@ def run_command(args: argparse.Namespace) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="horovod-ray: %(message)s",
     )
+    for stream in (sys.stdout, sys.stderr):
+        # A rank's text must never fail the run on a terminal that cannot show it.
+        stream.reconfigure(errors="backslashreplace")
+    starts_local_ray = _ray_address(args) is None
+    job = CommandJob(executor, output, lambda: signals.received)
+    failed = error = None
     with _Signals() as signals:
-        started_ray = _init_ray(args, executor)
-        signals.install()
-        job = CommandJob(executor, output, lambda: signals.received)
         try:
-            executor.start()
-            failed, stopped_by = job.run(
-                command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir)
-            )
-        except HorovodRayError as err:
-            print(f"horovod-ray run: error: {err}", file=sys.stderr)
-            return 1 if signals.received is None else _SIGNAL_STATUS[signals.received]
+            try:
+                _init_ray(args, executor)
+            except SystemExit as exit_:
+                # Ray's own SIGTERM handler, in place while ray.init runs.
+                if exit_.code != signal.SIGTERM:
+                    raise
+                signals.received = signal.SIGTERM
+            signals.install()
+            if signals.received is None:
+                signals.on_signal = executor.stop  # a start waiting for room gives up
+                executor.start()
+                signals.on_signal = None
+            if signals.received is None:
+                failed, _ = job.run(
+                    command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir)
+                )
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: the ranks were ended the hard way (see _rank_guard)
+        except Exception as err:  # noqa: BLE001 - one line for the user, not a traceback
+            error = err
         finally:
             output.close()
             executor.stop()
-            if started_ray:
+            if starts_local_ray and ray.is_initialized():
                 ray.shutdown()
-    if stopped_by is not None:
-        print(f"horovod-ray run: stopped by {signal.Signals(stopped_by).name}", file=sys.stderr)
-        return _SIGNAL_STATUS[stopped_by]
+    if signals.received is not None:
+        name = signal.Signals(signals.received).name
+        print(f"horovod-ray run: stopped by {name}", file=sys.stderr)
+        return _SIGNAL_STATUS[signals.received]
+    if error is not None:
+        print(f"horovod-ray run: error: {error}", file=sys.stderr)
+        return 1
     if failed is not None:
         where, done = job.where[failed], job.exits[failed]
         print(

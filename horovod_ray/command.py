@@ -1,10 +1,12 @@
 """A command, not a Python function, on every rank: both halves of ``horovod-ray run``.
 
-On the rank, :func:`start_on_rank` runs the command as a child process of the rank's actor,
-with the rank's Horovod environment, so that ``hvd.init()`` in an unmodified script joins
-the job; :func:`poll_on_rank` hands back its output lines as they come and its exit, and
-:func:`end_on_rank` ends its whole process tree. The child dies with the actor too (the
-kernel's parent-death signal), so a killed actor leaves no rank process behind.
+On the rank, :func:`start_on_rank` runs the command under a small guard process
+(``_rank_guard.py``) as a child of the rank's actor, with the rank's Horovod environment,
+so that ``hvd.init()`` in an unmodified script joins the job; :func:`poll_on_rank` hands
+back its output lines as they come and its exit, and :func:`end_on_rank` ends its whole
+process tree. The guard adopts every process the command starts and ends them all when the
+command exits, when asked to, or when the actor dies (the kernel's parent-death signal),
+so no rank process outlives its rank.
 
 On the driver, :class:`CommandJob` runs those three through a :class:`RayExecutor` (every
 round trip is a short ``run()``, so failures keep the executor's attribution) and writes
@@ -16,13 +18,13 @@ from __future__ import annotations
 import atexit
 import codecs
 import collections
-import ctypes
 import dataclasses
 import os
 import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,14 +37,19 @@ from horovod_ray.settings import MANAGED_ENV
 
 # Longest one poll waits on a rank for output before it answers with none.
 POLL_S = 0.2
-# Seconds a rank's process tree gets between SIGTERM and SIGKILL.
+# Seconds a rank's process tree gets between SIGTERM and SIGKILL (the guard's own).
 END_GRACE_S = 3.0
+# More time the guard gets to report its exit before it is killed with its tree.
+GUARD_EXTRA_S = 2.0
 # After the command exits, how long its output may stay open (a background child holding
 # the pipe) before the exit is reported anyway.
 PIPE_LINGER_S = 1.0
 # Set in the child: Ray's GPU assignment travels in the actor's environment.
 _FROM_ACTOR = MANAGED_ENV | {"CUDA_VISIBLE_DEVICES"}
-_PR_SET_PDEATHSIG = 1
+# The caller's variables horovodrun does not pass on either.
+_NOT_PASSED = re.compile(r"BASH_FUNC_.*|OLDPWD|HOROVOD_SECRET_KEY")
+# Runs each command and ends its tree with it; by path, so it imports nothing heavy.
+GUARD = str(Path(__file__).with_name("_rank_guard.py"))
 _LINE_END = re.compile(r"(?<=[\r\n])")
 
 
@@ -50,9 +57,12 @@ def split_lines(pending: str, text: str) -> tuple[list[str], str]:
     """Complete lines (each with its ``\\n`` or ``\\r``) in ``pending + text``, and the rest.
 
     A ``\\r`` ends a line as horovodrun's output does, so progress bars reach the driver
-    as they redraw.
+    as they redraw. Only ``text`` is searched, so a long line costs linear time.
     """
-    pieces = _LINE_END.split(pending + text)
+    pieces = _LINE_END.split(text)
+    if len(pieces) == 1:
+        return [], pending + text
+    pieces[0] = pending + pieces[0]
     return pieces[:-1], pieces[-1]
 
 
@@ -88,22 +98,6 @@ class Where:
     cwd: str
 
 
-def _libc_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_prctl = _libc_prctl()
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL when the actor's thread that started it dies."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class RankProcess:
     """One rank's command: its child process, the threads that read it, its output queue."""
 
@@ -114,15 +108,14 @@ class RankProcess:
         self._exit: Exit | None = None
         self._exited_at = 0.0
         self._process = subprocess.Popen(
-            argv,
+            [sys.executable, "-I", GUARD, str(os.getpid()), *argv],
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            # Its own process group: one signal reaches the command and what it starts.
+            # Ctrl-C at a terminal that runs a local Ray must not reach it directly.
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         self.pid = self._process.pid
         for pipe, stream in ((self._process.stdout, "stdout"), (self._process.stderr, "stderr")):
@@ -170,13 +163,24 @@ class RankProcess:
             return lines, self._exit if self._finished() and not self._lines else None
 
     def end(self, grace_s: float) -> None:
-        """SIGTERM to the command's process tree, SIGKILL to what is left after ``grace_s``."""
-        tree = _tree(self.pid)
-        _signal_tree(self.pid, tree, signal.SIGTERM)
-        _, alive = psutil.wait_procs(tree, timeout=grace_s)
-        if alive:
-            _signal_tree(self.pid, alive, signal.SIGKILL)
-            psutil.wait_procs(alive, timeout=grace_s)
+        """Ends the command's whole tree: the guard gets SIGTERM and ends it (SIGTERM, then
+        SIGKILL after its grace period); a guard that does not exit in time is killed with
+        everything below it."""
+        with self._ready:
+            if self._exit is not None:
+                return
+            tree = _tree(self.pid)
+            try:
+                self._process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                return
+            if self._ready.wait_for(lambda: self._exit is not None, grace_s + GUARD_EXTRA_S):
+                return
+        for process in tree:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -187,27 +191,21 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def _signal_tree(pid: int, tree: list[psutil.Process], signum: int) -> None:
-    try:
-        os.killpg(pid, signum)  # the group the command leads (see start_new_session)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for process in tree:  # and whatever left the group
-        try:
-            process.send_signal(signum)
-        except psutil.NoSuchProcess:
-            pass
-
-
 # The command this actor runs; one per rank, one rank per actor.
 _process: RankProcess | None = None
 
 
 def child_env(caller_env: dict[str, str], extra_env: dict[str, str]) -> dict[str, str]:
     """The command's environment: the caller's, then ``--env``, then the rank's own."""
-    env = {key: value for key, value in caller_env.items() if key not in _FROM_ACTOR}
+    env = {
+        key: value
+        for key, value in caller_env.items()
+        if key not in _FROM_ACTOR and not _NOT_PASSED.fullmatch(key)
+    }
     env.update(extra_env)
     env.update({key: os.environ[key] for key in _FROM_ACTOR if key in os.environ})
+    # As horovodrun: Python ranks write to a pipe, which would otherwise hold their lines.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
@@ -230,8 +228,8 @@ def start_on_rank(
     cwd = os.getcwd() if shipped_cwd or not os.path.isdir(caller_cwd) else caller_cwd
     _process = RankProcess(argv, child_env(caller_env, extra_env), cwd)
     # The actor's exit (stop(), a failed job) ends the command's tree too; if the actor is
-    # killed outright, the command still gets SIGKILL from the kernel (_die_with_parent).
-    atexit.register(_process.end, 0.5)
+    # killed outright, the guard gets the kernel's parent-death signal and does the same.
+    atexit.register(_process.end, END_GRACE_S)
     return Where(ray.util.get_node_ip_address(), socket.gethostname(), _process.pid, cwd)
 
 
@@ -275,19 +273,25 @@ class Output:
                 self._files[rank, stream] = open(folder / stream, "w", encoding="utf-8")
 
     def write(self, rank: int, lines: list[tuple[str, str]]) -> None:
-        touched = set()
+        previous = None
         for stream, line in lines:
+            if previous is not None and stream != previous:
+                # Keep a rank's stdout and stderr in order when both go to one terminal.
+                self._flush(rank, previous)
             text = f"[{rank}]<{stream}>:{line}"
             self._streams[stream].write(text)
-            touched.add(stream)
             file = self._files.get((rank, stream))
             if file is not None:
                 file.write(text)
-        for stream in touched:
-            self._streams[stream].flush()
-            file = self._files.get((rank, stream))
-            if file is not None:
-                file.flush()
+            previous = stream
+        if previous is not None:
+            self._flush(rank, previous)
+
+    def _flush(self, rank: int, stream: str) -> None:
+        self._streams[stream].flush()
+        file = self._files.get((rank, stream))
+        if file is not None:
+            file.flush()
 
     def close(self) -> None:
         for file in self._files.values():

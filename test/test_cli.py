@@ -107,9 +107,9 @@ def test_env_flag_and_output_files(address, tmp_path):
         assert f"[{rank}]<stderr>:rank {rank} says hello on stderr\n" in stderr
 
 
-def test_failing_rank_sets_the_status_and_stops_the_others(address):
+def test_failing_rank_sets_the_status_and_stops_the_others(address, tmp_path):
     code, out, err = _run(
-        "-np", "2", "--address", address, sys.executable, SCRIPT, "fail", "1", "3"
+        "-np", "2", "--address", address, sys.executable, SCRIPT, "fail", str(tmp_path), "1", "3"
     )  # fmt: skip
     assert code == 3
     assert re.search(r"rank 1 on \S+ \([\d.]+\) exited with status 3; the other ranks", err)
@@ -117,11 +117,34 @@ def test_failing_rank_sets_the_status_and_stops_the_others(address):
     assert len(pids) == 2 and _alive(pids) == []
 
 
-def test_killed_rank_reports_the_signal(address):
-    code, _, err = _run("-np", "2", "--address", address, sys.executable, SCRIPT, "fail", "0", "-9")
-    # sys.exit(-9) is status 247; a rank killed by a signal is 128 + N.
-    assert code == 247, err[-2000:]
-    assert "rank 0 on" in err
+def test_killed_rank_reports_the_signal(address, tmp_path):
+    code, _, err = _run(
+        "-np", "2", "--address", address, sys.executable, SCRIPT, "fail", str(tmp_path), "0",
+        "KILL",
+    )  # fmt: skip
+    assert code == 128 + signal.SIGKILL, err[-2000:]
+    assert re.search(r"rank 0 on \S+ \([\d.]+\) was killed by SIGKILL \(status 137\)", err)
+
+
+def test_lines_arrive_while_the_rank_runs(address, tmp_path):
+    process = _cli("-np", "2", "--address", address, sys.executable, SCRIPT, "live", str(tmp_path))
+    ready = {process.stdout.readline() for _ in range(2)}  # before the ranks may go on
+    assert ready == {"[0]<stdout>:rank 0 ready\n", "[1]<stdout>:rank 1 ready\n"}
+    (tmp_path / "go").touch()
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-2000:]
+    assert sorted(out.splitlines()) == ["[0]<stdout>:rank 0 done", "[1]<stdout>:rank 1 done"]
+
+
+def test_ctrl_c_while_the_job_waits_for_room_stops_it(address):
+    """Nine ranks cannot fit the four CPUs: the start waits, and Ctrl-C ends the wait."""
+    process = _cli("-np", "9", "--address", address, "sleep", "60", start_new_session=True)
+    time.sleep(5)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err[-2000:]
+    assert "stopped by SIGINT" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -150,23 +173,24 @@ def test_ctrl_c_and_sigterm_end_every_rank_tree(address, signum, status):
 
 
 def test_rank_process_dies_with_a_killed_actor(address):
-    """An actor killed outright (no exit handlers) still takes its command along."""
+    """An actor killed outright (no exit handlers) still takes its command's tree along."""
     from horovod_ray import RayExecutor
     from horovod_ray.command import poll_on_rank, start_on_rank
 
     executor = RayExecutor(num_workers=1)
     executor.start()
     try:
-        (where,) = executor.run(
-            start_on_rank, args=(["sleep", "120"], dict(os.environ), {}, "/", False)
-        )
-        assert executor.run(poll_on_rank, args=(0.1,)) == [([], None)]
+        tree = ["sh", "-c", "sleep 120 & echo $!; wait"]
+        (where,) = executor.run(start_on_rank, args=(tree, dict(os.environ), {}, "/", False))
+        (([(_, sleep_pid)], _),) = executor.run(poll_on_rank, args=(10,))
+        pids = [where.pid, *[p.pid for p in psutil.Process(where.pid).children(recursive=True)]]
+        assert int(sleep_pid) in pids and len(pids) == 3  # the guard, sh, sleep
         (actor_pid,) = executor.run(os.getpid)
         os.kill(actor_pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _alive([where.pid]) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15
+        while _alive(pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _alive([where.pid]) == []
+        assert _alive(pids) == []
     finally:
         executor.stop()
 

@@ -28,6 +28,7 @@ def test_split_lines_keeps_ends_and_breaks_on_carriage_returns():
     assert split_lines("c", "d\n") == (["cd\n"], "")
     assert split_lines("", "") == ([], "")
     assert split_lines("", "\r\n") == (["\r", "\n"], "")
+    assert split_lines("ab", "cd") == ([], "abcd")
 
 
 def test_exit_status_follows_the_shell():
@@ -53,6 +54,8 @@ def test_child_env_layers_caller_then_flags_then_rank(monkeypatch):
     assert env["FOO"] == "flag"
     assert env["HOROVOD_RANK"] == "1"  # the rank's own, never the caller's stale one
     assert "HOROVOD_SIZE" not in env
+    assert env["PYTHONUNBUFFERED"] == "1"  # lines come as they are printed
+    assert "OLDPWD" not in child_env({"OLDPWD": "/", "BASH_FUNC_x%%": "() {}"}, {})
 
 
 def test_output_prefixes_lines_and_mirrors_them_to_files(tmp_path):
@@ -87,18 +90,39 @@ def test_rank_process_relays_both_streams_and_the_exit(tmp_path):
     assert done.returncode == 3
 
 
+def _tree(pid: int) -> list[int]:
+    return [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
 def test_rank_process_end_takes_the_whole_tree(tmp_path):
-    # The grandchild leaves the group (setsid): found through the process tree instead.
+    # One grandchild leaves the process group (setsid): the guard finds it all the same.
     script = "sleep 60 & setsid sleep 60 & echo started; wait"
     process = RankProcess(["sh", "-c", script], {"PATH": os.environ["PATH"]}, str(tmp_path))
     lines, _ = process.poll(10)
     assert lines == [("stdout", "started\n")]
-    tree = [process.pid] + [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
-    assert len(tree) == 3
+    tree = _tree(process.pid)
+    assert len(tree) == 4  # the guard, sh, two sleeps
     process.end(grace_s=2)
     _, done = _drain(process)
     assert done.returncode == -signal.SIGTERM
-    assert not [pid for pid in tree if psutil.pid_exists(pid) and _not_zombie(pid)]
+    assert not [pid for pid in tree if _not_zombie(pid)]
+
+
+def test_what_the_command_leaves_running_ends_with_it(tmp_path):
+    # The sleep outlives sh: orphaned, it is adopted by the guard, which ends it.
+    script = "sleep 60 & echo $!; exit 4"
+    process = RankProcess(["sh", "-c", script], {"PATH": os.environ["PATH"]}, str(tmp_path))
+    lines, done = _drain(process)
+    assert done.returncode == 4
+    (orphan,) = [int(line) for _, line in lines]
+    assert not _not_zombie(orphan)
+
+
+def test_a_command_that_cannot_start_exits_127(tmp_path):
+    process = RankProcess(["/no/such/program"], {"PATH": os.environ["PATH"]}, str(tmp_path))
+    lines, done = _drain(process)
+    assert done.returncode == 127
+    assert "cannot run '/no/such/program'" in lines[0][1]
 
 
 def _not_zombie(pid: int) -> bool:

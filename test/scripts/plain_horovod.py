@@ -6,6 +6,7 @@ python plain_horovod.py wait             every rank starts a child, then waits
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,12 +24,30 @@ def allreduce() -> None:
     print(f"rank {hvd.rank()} progress 1/2\rrank {hvd.rank()} progress 2/2")
 
 
-def fail(rank: int, code: int) -> None:
+def _wait_for(path: str) -> None:
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def fail(folder: str, rank: int, code: str) -> None:
+    me, size = int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
     print(f"pid {os.getpid()}", flush=True)
-    if int(os.environ["HOROVOD_RANK"]) == rank:
-        time.sleep(1)
-        sys.exit(code)
+    open(os.path.join(folder, f"started.{me}"), "w").close()
+    if me == rank:
+        for other in range(size):
+            _wait_for(os.path.join(folder, f"started.{other}"))
+        if code == "KILL":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(int(code))
     time.sleep(120)
+
+
+def live(folder: str) -> None:
+    # No flush: the rank's output must reach the driver unbuffered all the same.
+    print(f"rank {os.environ['HOROVOD_RANK']} ready")
+    _wait_for(os.path.join(folder, "go"))
+    print(f"rank {os.environ['HOROVOD_RANK']} done")
 
 
 def wait() -> None:
@@ -42,6 +61,8 @@ if __name__ == "__main__":
     if action == "allreduce":
         allreduce()
     elif action == "fail":
-        fail(int(sys.argv[2]), int(sys.argv[3]))
+        fail(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    elif action == "live":
+        live(sys.argv[2])
     else:
         wait()

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import sys
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import cloudpickle
 import ray
 from horovod.runner.common.util import timeout as horovod_timeout
 from horovod.runner.common.util.hosts import SlotInfo
@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 
 # How often a slot's thread checks whether the driver wants its worker gone.
 SLOT_POLL_S = 0.1
-# Seconds a new worker may take to be scheduled and report its node.
-WORKER_START_S = 120.0
+# Longest a stopped run waits for horovod's driver thread to wind down.
+STOP_JOIN_S = 10.0
 _RESET_LIMIT_TEXT = "number of resets during elastic job exceeded limit"
 
 
@@ -80,9 +80,15 @@ def node_slots(
 def membership_change(
     before: Sequence[SlotInfo], after: Sequence[SlotInfo], reset: int
 ) -> dict[str, Any]:
-    """What changed between two worlds, as the dict the callbacks get."""
-    nodes_before = {slot.hostname for slot in before}
-    nodes_after = {slot.hostname for slot in after}
+    """What changed between two worlds, as the dict the callbacks get.
+
+    A slot is a (node, local rank) pair: ``ranks_removed`` are the old world's ranks of
+    slots that are gone, ``ranks_added`` the new world's ranks of slots that are new.
+    """
+    old = {(slot.hostname, slot.local_rank): slot.rank for slot in before}
+    new = {(slot.hostname, slot.local_rank): slot.rank for slot in after}
+    nodes_before = {host for host, _ in old}
+    nodes_after = {host for host, _ in new}
     return {
         "event": "membership",
         "reset": reset,
@@ -90,8 +96,8 @@ def membership_change(
         "size_after": len(after),
         "nodes_added": sorted(nodes_after - nodes_before),
         "nodes_removed": sorted(nodes_before - nodes_after),
-        "ranks_added": sorted(range(len(before), len(after))),
-        "ranks_removed": sorted(range(len(after), len(before))),
+        "ranks_added": sorted(rank for slot, rank in new.items() if slot not in old),
+        "ranks_removed": sorted(rank for slot, rank in old.items() if slot not in new),
     }
 
 
@@ -106,21 +112,24 @@ class NodeDiscovery(HostDiscovery):
         self._only_ip = only_ip
         self._interval_s = interval_s
         self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
-        self.latest: dict[str, int] = {}
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         read_at, slots = self._last
         if time.monotonic() - read_at >= self._interval_s:
             slots = node_slots(ray.nodes(), self._per_worker, self._only_ip)
             self._last = (time.monotonic(), slots)
-            self.latest = slots
         return dict(slots)
 
 
 class _Driver(ElasticDriver):
-    """horovod's driver, remembering why it last gave up waiting for slots."""
+    """horovod's driver, remembering why it gave up, and able to stop at once.
+
+    horovod's registry catches what ``resume()`` raises (too few slots for too long, no
+    host of the last world left) and stops without a message; this keeps the reason.
+    """
 
     timed_out_waiting = False
+    gave_up: str | None = None
 
     def wait_for_available_slots(self, min_num_proc, min_hosts=1):
         try:
@@ -128,6 +137,28 @@ class _Driver(ElasticDriver):
         except horovod_timeout.TimeoutException:
             self.timed_out_waiting = True
             raise
+
+    def resume(self):
+        try:
+            super().resume()
+        except Exception as err:
+            self.gave_up = str(err)
+            raise
+
+    def available_slots(self) -> int:
+        """Slots on the hosts horovod still counts (failed hosts are left out)."""
+        return self._host_manager.current_hosts.count_available_slots()
+
+    def stop_now(self) -> None:
+        """Stops, and wakes whatever waits inside the driver (a wait for slots, ranks
+        waiting at the reset barrier), so that no thread outlives the run."""
+        if not self.finished():
+            self.stop()
+        with self._wait_hosts_cond:
+            self._wait_hosts_cond.notify_all()
+        barrier = self._worker_registry._barrier  # None before the first world
+        if barrier is not None:
+            barrier.abort()
 
 
 class _Store:
@@ -147,27 +178,12 @@ class _Store:
         pass
 
 
-def current_rank(_executable: Any = None) -> int | None:
-    """The rank horovod gives this process now (elastic resets change it), if it knows.
-
-    Sent as an ``execute``-style call, hence the unused ``executable`` argument.
-    """
-    for name in ("horovod.tensorflow", "horovod.torch"):
-        module = sys.modules.get(name)
-        if module is not None:
-            try:
-                return int(module.rank())
-            except Exception:  # noqa: BLE001 - not initialised under that framework
-                continue
-    return None
-
-
 @dataclasses.dataclass
 class _Outcome:
     """What one run gathered from its slots' threads."""
 
     results: dict[int, Any] = dataclasses.field(default_factory=dict)
-    failures: dict[str, str] = dataclasses.field(default_factory=dict)
+    failures: dict[tuple[int, int], str] = dataclasses.field(default_factory=dict)
     worlds: list[list[SlotInfo]] = dataclasses.field(default_factory=list)
 
 
@@ -202,6 +218,8 @@ class ElasticRun:
         self._call: tuple[ray.ObjectRef, bytes | None] | None = None
         self._local_only = True
         self._common_env: dict[str, str] = {}
+        # Set once run() has released everything (stop() may wait for it).
+        self.ended = threading.Event()
 
     # ------------------------------------------------------------------------ driver
 
@@ -212,14 +230,18 @@ class ElasticRun:
             ElasticLimitError: Below ``min_workers`` for ``elastic_timeout``, or more than
                 ``reset_limit`` resets.
             WorkerFailedError: The job failed otherwise (every host failed, ...).
+            HorovodRayError: stop() ended the run.
         """
         layout = self._layout
         driver_ip = ray.util.get_node_ip_address()
-        # Loopback while every node shares the driver's address (one machine), so that
-        # nothing leaves it; otherwise the driver's address, and each node's interface.
-        self._local_only = all(
-            node["NodeManagerAddress"] == driver_ip for node in ray.nodes() if node["Alive"]
-        )
+        nodes = ray.nodes()
+        # Loopback when every node with room for a rank is on the driver's machine (a
+        # local Ray, simulated nodes), so that nothing leaves it; such a job stays there.
+        # Otherwise (other machines, or none with room yet, as on an autoscaling cluster
+        # with a 0-CPU head) the driver's address, and each node's own interface.
+        with_room = node_slots(nodes, layout.worker_resources())
+        addresses = {n["NodeManagerAddress"] for n in nodes if n["NodeID"] in with_room}
+        self._local_only = addresses == {driver_ip}
         bind = "127.0.0.1" if self._local_only else driver_ip
         discovery = NodeDiscovery(
             layout.worker_resources(),
@@ -227,35 +249,38 @@ class ElasticRun:
             layout.discovery_interval_s,
         )
         self._call = (ray.put(fn), args)
-        store = _Store(self._on_world)
-        self._driver = driver = _Driver(
-            store,
-            discovery,
-            min_num_proc=layout.min_workers,
-            max_num_proc=layout.max_workers,
-            timeout=layout.elastic_timeout_s,
-            reset_limit=layout.reset_limit,
-            cooldown_range=layout.cooldown_range,
-            verbose=self._settings.verbose >= 2,
-        )
-        self._server = server = RendezvousServer(
-            bind, [bind], self._settings.verbose, store=create_rendezvous_handler(driver)
-        )
-        store.server = server
-        _, port = server.start([])
-        self._common_env = {
-            "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.worker_address,
-            "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-            "HOROVOD_CONTROLLER": "gloo",
-            "HOROVOD_CPU_OPERATIONS": "gloo",
-            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(self._settings.timeout_s)),
-            "HOROVOD_ELASTIC": "1",
-        }
         autoscaler = _AutoscalerRequest(layout)
+        result: dict[str, Any] = {}
         try:
+            with self._lock:
+                if self._stopping.is_set():
+                    raise HorovodRayError("the elastic run was ended by stop()")
+                store = _Store(self._on_world)
+                self._driver = driver = _Driver(
+                    store,
+                    discovery,
+                    min_num_proc=layout.min_workers,
+                    max_num_proc=layout.max_workers,
+                    timeout=layout.elastic_timeout_s,
+                    reset_limit=layout.reset_limit,
+                    cooldown_range=layout.cooldown_range,
+                    verbose=self._settings.verbose >= 2,
+                )
+                self._server = server = RendezvousServer(
+                    bind, [bind], self._settings.verbose, store=create_rendezvous_handler(driver)
+                )
+                store.server = server
+                _, port = server.start([])
+            self._common_env = {
+                "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.worker_address,
+                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                "HOROVOD_CONTROLLER": "gloo",
+                "HOROVOD_CPU_OPERATIONS": "gloo",
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(self._settings.timeout_s)),
+                "HOROVOD_ELASTIC": "1",
+            }
             autoscaler.ask()
             finished = threading.Event()
-            result: dict[str, Any] = {}
 
             def drive() -> None:
                 try:
@@ -268,16 +293,20 @@ class ElasticRun:
 
             thread = threading.Thread(target=drive, name="horovod_ray-elastic", daemon=True)
             thread.start()
-            while not finished.wait(0.1):
+            while not finished.wait(0.1) and not self._stopping.is_set():
                 self._deliver(callbacks)
             self._deliver(callbacks)
             stopped_early = self._stopping.is_set()
+            if stopped_early:
+                self.stop()
+                thread.join(STOP_JOIN_S)
         finally:
             self.stop()
             autoscaler.withdraw()
+            self.ended.set()
         if stopped_early:
             raise HorovodRayError("the elastic run was ended by stop()")
-        return self._conclude(result, discovery)
+        return self._conclude(result)
 
     def _deliver(self, callbacks: list[Callable[[dict], None]]) -> None:
         while True:
@@ -296,14 +325,11 @@ class ElasticRun:
             resets = len(self._outcome.worlds) - 1
         self._events.put(membership_change(before, plan, resets))
 
-    def _conclude(self, result: dict[str, Any], discovery: NodeDiscovery) -> list[Any]:
-        layout = self._layout
-        available = min(sum(discovery.latest.values()), layout.max_workers or sys.maxsize)
+    def _conclude(self, result: dict[str, Any]) -> list[Any]:
+        layout, driver = self._layout, self._driver
+        available = min(driver.available_slots(), layout.max_workers or sys.maxsize)
         error = result.get("error")
-        driver = self._driver
-        if isinstance(error, horovod_timeout.TimeoutException) or (
-            driver is not None and driver.timed_out_waiting
-        ):
+        if isinstance(error, horovod_timeout.TimeoutException) or driver.timed_out_waiting:
             raise ElasticLimitError(
                 "min_workers",
                 layout.min_workers,
@@ -316,7 +342,7 @@ class ElasticRun:
         if error is not None:
             raise HorovodRayError(f"elastic job failed: {error}") from error
         results = result["results"]
-        message = results.error_message or ""
+        message = results.error_message or driver.gave_up or ""
         if _RESET_LIMIT_TEXT in message:
             raise ElasticLimitError(
                 "reset_limit",
@@ -324,26 +350,33 @@ class ElasticRun:
                 available,
                 f"elastic job stopped: more than reset_limit={layout.reset_limit} resets "
                 f"(wanted at least {layout.min_workers} ranks, the cluster could hold "
-                f"{available})",
+                f"{available}); resets for growth count too",
             )
         final = self._outcome.worlds[-1] if self._outcome.worlds else []
-        failed = {k: v for k, v in results.worker_results.items() if v[0] != 0}
+        failed = any(code != 0 for code, _ in results.worker_results.values())
         if message or failed or len(self._outcome.results) != len(final):
+            # The last world's failures; earlier ones were recovered from (and logged).
+            last = len(self._outcome.worlds) - 1
             failures = {
-                index: text for index, text in enumerate(self._outcome.failures.values())
-            } or {0: message or "the job ended without results from every rank"}
-            raise WorkerFailedError(failures)
+                rank: text
+                for (reset, rank), text in self._outcome.failures.items()
+                if reset == last
+            }
+            if message:
+                failures.setdefault(-1, f"horovod's elastic driver gave up: {message}")
+            raise WorkerFailedError(failures or {-1: "the job ended without every result"})
         return [self._outcome.results[rank] for rank in sorted(self._outcome.results)]
 
     def stop(self) -> None:
-        """Ends the driver, every worker and the rendezvous. Safe to call more than once."""
-        self._stopping.set()
-        driver, server = self._driver, self._server
-        if driver is not None and not driver.finished():
-            driver.stop()
+        """Ends the driver, every worker and the rendezvous. Safe to call more than once,
+        from any thread; ``run()`` then raises in its own."""
         with self._lock:
+            self._stopping.set()
+            driver, server = self._driver, self._server
             actors = list(self._actors.values())
             self._actors.clear()
+        if driver is not None:
+            driver.stop_now()
         for actor in actors:
             _kill(actor)
         if server is not None:
@@ -358,6 +391,8 @@ class ElasticRun:
         """
         key = threading.get_ident()
         actor = None
+        where = f"node {slot.hostname[:12]}, local rank {slot.local_rank}"
+        start_s = self._settings.placement_group_timeout_s
         try:
             actor = RemoteWorker.options(
                 num_cpus=self._layout.cpus_per_worker,
@@ -366,10 +401,10 @@ class ElasticRun:
             ).remote()
             with self._lock:
                 if self._stopping.is_set():
-                    _kill(actor)
-                    return 1, time.time()
+                    raise _ReleasedError()
                 self._actors[key] = actor
-            facts = self._wait(actor.node_info.remote(), events, WORKER_START_S)
+            facts = self._wait(actor.node_info.remote(), events, start_s)
+            where = f"node {facts.where}, local rank {slot.local_rank}"
             iface = network.gloo_iface(facts, self._settings.nics, self._local_only)
             self._server.allow(facts.node_ip)
             env = {
@@ -378,21 +413,22 @@ class ElasticRun:
                 "HOROVOD_GLOO_IFACE": iface,
                 **self._extra_env,
             }
-            self._wait(actor.setup.remote(env, False, self._executable), events, WORKER_START_S)
+            self._wait(actor.setup.remote(env, False, self._executable), events, start_s)
             fn_ref, args = self._call
             value = self._wait(actor.call.remote(1, None, fn_ref, args), events, None)
-            rank_fn = cloudpickle.dumps(current_rank)
-            rank = self._wait(actor.call.remote(2, None, rank_fn, None), events, 30)
+            # The rank the driver gives this slot in the world that finished.
+            rank = self._driver.get_slot_info(slot.hostname, slot.local_rank).rank
             with self._lock:
-                self._outcome.results[slot.rank if rank is None else rank] = value
+                self._outcome.results[rank] = value
             return 0, time.time()
         except _ReleasedError:
+            logger.info("elastic job: the rank on %s was let go", where)
             return 1, time.time()
         except Exception as err:  # noqa: BLE001 - horovod counts the exit code
-            where = f"node {slot.hostname[:12]}, slot {slot.local_rank}"
             with self._lock:
-                self._outcome.failures[f"{slot.hostname}:{slot.local_rank}"] = describe(err, where)
-            logger.info("elastic job: the rank on %s ended: %s", where, err)
+                reset = len(self._outcome.worlds) - 1
+                self._outcome.failures[reset, slot.rank] = describe(err, where)
+            logger.warning("elastic job: rank %d on %s ended: %s", slot.rank, where, err)
             return 1, time.time()
         finally:
             with self._lock:
@@ -440,24 +476,24 @@ def _kill(actor: Any) -> None:
 class _AutoscalerRequest:
     """Asks Ray's autoscaler for room for ``max_workers`` ranks; withdrawn at the end.
 
-    ``request_resources`` is a standing request for the cluster's total size, so it covers
-    the ranks already running and the missing ones. Without ``max_workers`` the job takes
-    what comes and asks for nothing.
+    ``request_resources`` is one standing request for the cluster's total size (each call
+    replaces the last), so it covers the ranks already running and the missing ones.
+    Without ``max_workers``, it asks for ``min_workers``.
     """
 
     def __init__(self, layout: ElasticLayout) -> None:
-        self._bundles = (
-            [layout.worker_resources()] * layout.max_workers if layout.max_workers else []
-        )
+        wanted = layout.max_workers or layout.min_workers
+        self._bundles = [layout.worker_resources()] * wanted
         self._asked = False
 
     def ask(self) -> None:
-        if not self._bundles:
-            return
         from ray.autoscaler.sdk import request_resources
 
-        request_resources(bundles=self._bundles)
-        self._asked = True
+        try:
+            request_resources(bundles=self._bundles)
+            self._asked = True
+        except Exception:  # noqa: BLE001 - a hint; the job runs on what there is
+            logger.warning("could not ask the autoscaler for room", exc_info=True)
 
     def withdraw(self) -> None:
         if not self._asked:

@@ -72,9 +72,10 @@ class RayExecutor:
         reset_limit: Elastic: fail after more than this many resets (None: no limit).
         cooldown_range: Elastic: (low, high) seconds a failed node is kept out, growing
             between the two with each failure (None: a failed node stays out).
-        elastic_timeout: Elastic: seconds the job may stay below ``min_workers``.
+        elastic_timeout: Elastic: seconds the job may stay below ``min_workers``
+            (default 600).
         discovery_interval_s: Elastic: how often Ray's node table is read for new room
-            (horovod's driver asks every second; this may only slow it).
+            (default 1; horovod's driver asks every second, so this may only slow it).
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -96,8 +97,8 @@ class RayExecutor:
         max_workers: int | None = None,
         reset_limit: int | None = None,
         cooldown_range: tuple[int, int] | None = None,
-        elastic_timeout: float = 600,
-        discovery_interval_s: float = 1.0,
+        elastic_timeout: float | None = None,
+        discovery_interval_s: float | None = None,
     ) -> None:
         if settings is None:
             settings = create_settings()
@@ -109,7 +110,19 @@ class RayExecutor:
             )
         self.settings = settings
         self.elastic: ElasticLayout | None = None
-        if min_workers is not None or max_workers is not None:
+        elastic_only = {
+            "reset_limit": reset_limit,
+            "cooldown_range": cooldown_range,
+            "elastic_timeout": elastic_timeout,
+            "discovery_interval_s": discovery_interval_s,
+        }
+        if min_workers is None and max_workers is None:
+            for name, value in elastic_only.items():
+                if value is not None:
+                    raise ConfigError(
+                        name, f"{name} is for elastic jobs: give min_workers too, or drop it"
+                    )
+        else:
             if num_workers is not None or num_hosts is not None:
                 raise ConfigError(
                     "min_workers",
@@ -128,8 +141,8 @@ class RayExecutor:
                 gpus_per_worker=gpus_per_worker,
                 reset_limit=reset_limit,
                 cooldown_range=cooldown_range,
-                elastic_timeout_s=elastic_timeout,
-                discovery_interval_s=discovery_interval_s,
+                elastic_timeout_s=600 if elastic_timeout is None else elastic_timeout,
+                discovery_interval_s=1.0 if discovery_interval_s is None else discovery_interval_s,
             )
             num_workers = min_workers
         self.layout = WorkerLayout(
@@ -502,22 +515,34 @@ class RayExecutor:
             if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
                 logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
                 return
+        if self.elastic is not None:
+            self._stop_elastic()
+            return
         with self._lock:
             running = self._job
             busy = self._calls_in_flight > 0
-            current = self._elastic_run
-        if current is not None:
-            current.stop()  # its run() then returns or raises in the caller's thread
         if not lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-            return
-        if running is None:  # elastic: nothing is held between runs
-            lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
             return
         try:
             job.release(running.held, grace_s=0 if busy else STOP_GRACE_S)
         finally:
             lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
         logger.debug("Horovod job stopped")
+
+    def _stop_elastic(self) -> None:
+        """An elastic job holds nothing between runs; a run in progress is ended."""
+        with self._lock:
+            # Under the lock run() checks: no new run can begin once this moved.
+            moved = self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
+            current = self._elastic_run
+        try:
+            if current is not None:
+                current.stop()  # its run() then raises in the caller's thread
+                if not current.ended.wait(STOP_CANCEL_S):
+                    logger.warning("the elastic run did not end within %gs", STOP_CANCEL_S)
+        finally:
+            if moved:
+                self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
 
     shutdown = stop
 

@@ -31,7 +31,7 @@ def run(
     min_workers: int | None = None,
     max_workers: int | None = None,
     reset_limit: int | None = None,
-    elastic_timeout: float = 600,
+    elastic_timeout: float | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -61,7 +61,7 @@ def run(
             Leave ``num_hosts`` and ``num_slots`` unset then.
         max_workers: The most ranks an elastic job grows to.
         reset_limit: Elastic: fail after more than this many resets.
-        elastic_timeout: Elastic: seconds the job may stay below ``min_workers``.
+        elastic_timeout: Elastic: seconds the job may stay below ``min_workers`` (600).
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -74,31 +74,25 @@ def run(
         WorkerFailedError: A rank raised or died.
     """
     settings = create_settings(timeout_s=timeout_s, nics=nics)
-    if min_workers is None and max_workers is None:
-        executor = RayExecutor(
-            settings,
-            num_hosts=1 if num_hosts is None else num_hosts,
-            num_workers_per_host=1 if num_slots is None else num_slots,
-            cpus_per_worker=cpus_per_slot,
-            use_gpu=use_gpu,
-        )
-    else:
-        if num_slots is not None:
-            raise ConfigError(
-                "num_slots",
-                "an elastic job (min_workers/max_workers) sizes itself: leave num_hosts "
-                "and num_slots unset",
-            )
-        executor = RayExecutor(
-            settings,
-            num_hosts=num_hosts,
-            cpus_per_worker=cpus_per_slot,
-            use_gpu=use_gpu,
-            min_workers=min_workers,
-            max_workers=max_workers,
-            reset_limit=reset_limit,
-            elastic_timeout=elastic_timeout,
-        )
+    elastic = min_workers is not None or max_workers is not None
+    if elastic:
+        for name, value in (("num_hosts", num_hosts), ("num_slots", num_slots)):
+            if value is not None:
+                raise ConfigError(
+                    name,
+                    f"an elastic job (min_workers/max_workers) sizes itself: leave {name} unset",
+                )
+    executor = RayExecutor(
+        settings,
+        num_hosts=None if elastic else 1 if num_hosts is None else num_hosts,
+        num_workers_per_host=1 if num_slots is None else num_slots,
+        cpus_per_worker=cpus_per_slot,
+        use_gpu=use_gpu,
+        min_workers=min_workers,
+        max_workers=max_workers,
+        reset_limit=reset_limit,
+        elastic_timeout=elastic_timeout,
+    )
     # Everything the executor would check later is checked now, before Ray starts, and
     # the function and its arguments are pickled once, here.
     call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")

@@ -217,6 +217,7 @@ MANAGED_ENV = frozenset(
         "HOROVOD_CPU_OPERATIONS",
         "HOROVOD_GLOO_IFACE",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        "HOROVOD_ELASTIC",
     }
 )
 

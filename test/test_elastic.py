@@ -210,3 +210,30 @@ def test_repeated_runs_leak_nothing(cluster, tmp_path):
     assert after[0] <= before[0], f"threads grew: {before[0]} -> {after[0]}"
     assert after[1] <= before[1] + 2, f"fds grew: {before[1]} -> {after[1]}"
     assert _autoscaler_request() == []
+
+
+def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
+    """stop() from another thread ends run() (training, or waiting for room) at once."""
+    from horovod_ray.errors import HorovodRayError
+
+    baseline = threading.active_count()
+    training = RayExecutor(min_workers=2, max_workers=4)
+    training.start()
+    run = _Run(training, tmp_path)
+    _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
+    training.stop()
+    run.thread.join(60)
+    assert isinstance(run.outcome.get("error"), HorovodRayError), run.outcome
+    assert "ended by stop()" in str(run.outcome["error"])
+
+    waiting = RayExecutor(min_workers=7, max_workers=8)  # the cluster holds 6
+    waiting.start()
+    run = _Run(waiting, tmp_path)
+    time.sleep(3)
+    assert run.thread.is_alive()
+    waiting.stop()
+    run.thread.join(60)
+    assert not run.thread.is_alive() and "ended by stop()" in str(run.outcome["error"])
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+    _wait_for(lambda: threading.active_count() <= baseline, 30, "no thread left behind")
+    assert _autoscaler_request() == []

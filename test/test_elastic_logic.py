@@ -62,6 +62,19 @@ def test_membership_change_names_nodes_and_ranks():
     assert shrink["nodes_removed"] == ["c"] and shrink["ranks_removed"] == [4, 5]
     grow = membership_change(four, _world([("a", 2), ("b", 2), ("d", 2)]), 2)
     assert grow["nodes_added"] == ["d"] and grow["ranks_added"] == [4, 5]
+    # Losing the middle node: its ranks (2, 3) go, and c's slots become ranks 2 and 3.
+    middle = membership_change(six, _world([("a", 2), ("c", 2)]), 3)
+    assert middle["nodes_removed"] == ["b"] and middle["ranks_removed"] == [2, 3]
+    assert middle["ranks_added"] == []
+
+
+def test_run_refuses_sizes_on_an_elastic_job():
+    import horovod_ray
+
+    for name in ("num_hosts", "num_slots"):
+        with pytest.raises(ConfigError) as raised:
+            horovod_ray.run(print, min_workers=2, **{name: 2})
+        assert raised.value.parameter == name
 
 
 @pytest.mark.parametrize(
@@ -78,6 +91,8 @@ def test_membership_change_names_nodes_and_ranks():
         ({"min_workers": 2, "num_workers": 2}, "min_workers", "leave num_workers"),
         ({"min_workers": 2, "num_hosts": 1}, "min_workers", "leave num_workers"),
         ({"max_workers": 4}, "min_workers", "max_workers needs min_workers"),
+        ({"num_workers": 2, "reset_limit": 3}, "reset_limit", "give min_workers too"),
+        ({"num_workers": 2, "elastic_timeout": 9}, "elastic_timeout", "give min_workers too"),
     ],
 )
 def test_bad_elastic_arguments_are_refused_at_construction(kwargs, parameter, text):

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -56,15 +57,27 @@ class Mode:
     b4_reps: int  # each repetition is two whole Tune runs; see docs/benchmarks.rst
     b5_points: tuple[tuple[int, int], ...]  # (workers, nodes)
     b5_reps: int
+    b6e_reps: int
+    script_reps: int  # B7 and B8: whole scripts, each a few seconds
 
 
 MODES = {
     # fmt: off
     "full": Mode(
-        5, 64 << 20, 60, 3, (2, 4), 300, 8, 5, ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)), 1
+        5,
+        64 << 20,
+        60,
+        3,
+        (2, 4),
+        300,
+        8,
+        5,
+        ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
+        1,
+        3,
     ),
-    "quick": Mode(2, 64 << 20, 20, 2, (2,), 100, 4, 1, ((1, 1), (4, 2)), 1),
-    "smoke": Mode(1, 1 << 20, 3, 1, (2,), 20, 2, 1, ((1, 1), (2, 2)), 1),
+    "quick": Mode(2, 64 << 20, 20, 2, (2,), 100, 4, 1, ((1, 1), (4, 2)), 1, 1),
+    "smoke": Mode(1, 1 << 20, 3, 1, (2,), 20, 2, 1, ((1, 1), (2, 2)), 1, 1),
     # fmt: on
 }
 
@@ -332,11 +345,29 @@ def _cold(start_wall: float, finished_at: list[float]) -> float:
     return max(finished_at) - start_wall
 
 
+_FLOOR_CODE = (
+    "import os, time; os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2'); "
+    "import tensorflow, horovod.tensorflow; print(time.time(), flush=True)"
+)
+
+
+def import_floor(workers: int) -> list[float]:
+    """B2's floor: ``workers`` fresh processes, started together, that import TensorFlow
+    and horovod (what no launcher can skip); when each was done."""
+    processes = [
+        subprocess.Popen([sys.executable, "-c", _FLOOR_CODE], stdout=subprocess.PIPE, text=True)
+        for _ in range(workers)
+    ]
+    return [float(process.communicate(timeout=300)[0]) for process in processes]
+
+
 def b2(mode: Mode) -> dict:
     out: dict = {
         "b2_cold_start_s": {},
         "b2_ratio_vs_horovod_ray": {},
         "b2_ratio_vs_horovod_trainer": {},
+        "b2_floor_s": {},
+        "b2_overhead_above_floor_s": {},
     }
     for workers in mode.b2_workers:
         print(f"B2 cold start to first allreduce, {workers} workers", flush=True)
@@ -358,9 +389,16 @@ def b2(mode: Mode) -> dict:
             "horovodrun": lambda w=workers: measure(
                 lambda: [json.loads(line)["first_allreduce_at"] for line in _horovodrun(["b2"], w)]
             ),
+            "import floor": lambda w=workers: measure(lambda: import_floor(w)),
         }
         runs = alternate(systems, mode.reps, settle=True)
+        floor = runs.pop("import floor")
         key = str(workers)
+        out["b2_floor_s"][key] = summary(floor)
+        out["b2_overhead_above_floor_s"][key] = {
+            name: statistics.median(a - b for a, b in zip(values, floor, strict=True))
+            for name, values in runs.items()
+        }
         out["b2_cold_start_s"][key] = {name: summary(values) for name, values in runs.items()}
         out["b2_ratio_vs_horovod_ray"][key] = ratio(runs["horovod_ray"], runs["horovod.ray"])
         out["b2_ratio_vs_horovod_trainer"][key] = ratio(runs["horovod_ray"], runs["HorovodTrainer"])
@@ -476,7 +514,7 @@ def b7(mode: Mode) -> dict:
     ]  # fmt: skip
     local = alternate(
         {"horovodrun": lambda: timed(horovodrun), "horovod-ray local": lambda: timed(cli + script)},
-        mode.reps,
+        mode.script_reps,
     )
     ray.init(address="local", num_cpus=NUM_CPUS, log_to_driver=False, include_dashboard=False)
     try:
@@ -486,7 +524,7 @@ def b7(mode: Mode) -> dict:
                 "horovodrun": lambda: timed(horovodrun),
                 "horovod-ray joining": lambda: timed([*cli, "--address", address, *script]),
             },
-            mode.reps,
+            mode.script_reps,
         )
     finally:
         ray.shutdown()
@@ -499,6 +537,179 @@ def b7(mode: Mode) -> dict:
         "b7_script_s": {name: summary(values) for name, values in runs.items()},
         "b7_ratio_vs_horovodrun": ratio(joining["horovod-ray joining"], joining["horovodrun"]),
         "b7_ratio_local_vs_horovodrun": ratio(local["horovod-ray local"], local["horovodrun"]),
+    }
+
+
+def _progress(folder: Path) -> tuple[int, int, float]:
+    try:
+        step, size, at = (folder / "progress").read_text().split()
+        return int(step), int(size), float(at)
+    except (FileNotFoundError, ValueError):
+        return 0, 0, 0.0
+
+
+def _first_step(folder: Path, size: int, after: float, timeout_s: float = 240) -> float:
+    """Wall time of rank 0's first step on ``size`` ranks done after ``after``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, now, at = _progress(folder)
+        if now == size and at > after:
+            return at
+        time.sleep(0.02)
+    raise RuntimeError(f"no step on {size} ranks within {timeout_s}s")
+
+
+def _in_thread(call: Callable[[], object]) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except Exception as err:  # noqa: BLE001 - read by the caller
+            outcome["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def b6_elastic(mode: Mode) -> dict:
+    """Recovery after a lost node: an elastic job against restarting a static one.
+
+    Three 1-CPU nodes (and a 0-CPU head), one rank each, a step every 50 ms. Elastic:
+    from the node's removal to the first step on 2 ranks, then from a new node's arrival
+    to the first step on 3. Restart (what a static job's user does): the job fails, is
+    stopped, a 2-rank job starts and resumes from rank 0's checkpoint; from the removal to
+    its first step.
+    """
+    from ray.cluster_utils import Cluster
+
+    from horovod_ray import RayExecutor
+
+    print("B6 elastic recovery after a node loss, 3 -> 2 ranks", flush=True)
+    settings = RayExecutor.create_settings(timeout_s=30, verbose=0)
+
+    def on_cluster(measure: Callable[[Cluster, Path], float]) -> float:
+        cluster = Cluster()
+        for cpus in (0, 1, 1, 1):
+            cluster.add_node(num_cpus=cpus)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                return measure(cluster, Path(folder))
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
+
+    grow: list[float] = []
+
+    def elastic(cluster: Cluster, folder: Path) -> float:
+        executor = RayExecutor(settings, min_workers=2, max_workers=3, elastic_timeout=60)
+        executor.start()
+        try:
+            thread, outcome = _in_thread(
+                lambda: executor.run(workloads.elastic_steps, args=(str(folder), 0.05))
+            )
+            _first_step(folder, 3, 0.0)
+            time.sleep(1)
+            lost_at = time.time()
+            cluster.remove_node(list(cluster.worker_nodes)[-1])
+            recovered = _first_step(folder, 2, lost_at) - lost_at
+            added_at = time.time()
+            cluster.add_node(num_cpus=1)
+            grow.append(_first_step(folder, 3, added_at) - added_at)
+            (folder / "finish").touch()
+            thread.join(120)
+            if "error" in outcome:
+                raise outcome["error"]
+            return recovered
+        finally:
+            executor.stop()
+
+    def restart(cluster: Cluster, folder: Path) -> float:
+        first = RayExecutor(settings, num_hosts=3, num_workers_per_host=1)
+        first.start()
+        thread, outcome = _in_thread(
+            lambda: first.run(workloads.checkpointed_steps, args=(str(folder), 0.05))
+        )
+        _first_step(folder, 3, 0.0)
+        time.sleep(1)
+        lost_at = time.time()
+        cluster.remove_node(list(cluster.worker_nodes)[-1])
+        thread.join(120)
+        first.stop()
+        if "error" not in outcome:
+            raise RuntimeError("the static job did not fail when its node went")
+        second = RayExecutor(settings, num_hosts=2, num_workers_per_host=1)
+        second.start()
+        try:
+            thread, outcome = _in_thread(
+                lambda: second.run(workloads.checkpointed_steps, args=(str(folder), 0.05))
+            )
+            recovered = _first_step(folder, 2, lost_at) - lost_at
+            (folder / "finish").touch()
+            thread.join(120)
+            return recovered
+        finally:
+            second.stop()
+
+    runs = alternate(
+        {
+            "elastic": lambda: on_cluster(elastic),
+            "restart": lambda: on_cluster(restart),
+        },
+        mode.b6e_reps,
+    )
+    return {
+        "b6_recovery_s": {name: summary(values) for name, values in runs.items()},
+        "b6_ratio_vs_restart": ratio(runs["elastic"], runs["restart"]),
+        "b6_grow_s": summary(grow),
+    }
+
+
+def b8(mode: Mode) -> dict:
+    """A fresh ``python script.py`` to its result: ``horovod_ray.run`` starting its own
+    local Ray, against ``horovodrun`` of the same work; and Ray's start on its own."""
+    print("B8 script to result: one allreduce on 2 ranks from a fresh process", flush=True)
+
+    def timed(command: list[str]) -> float:
+        wait_for_quiet()
+        start = time.perf_counter()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - start
+        if out.returncode != 0:
+            raise RuntimeError(f"{command[:4]} failed: {out.stderr[-2000:]}")
+        return seconds
+
+    def ray_start() -> float:
+        wait_for_quiet()
+        command = [sys.executable, str(ROOT / "bench" / "b8_ray_start.py")]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+        return float(out.stdout.split()[-1])
+
+    horovodrun = [
+        str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
+        "-H", "localhost:2", sys.executable, str(ROOT / "bench" / "workloads.py"), "b2",
+    ]  # fmt: skip
+    runs = alternate(
+        {
+            "horovod_ray": lambda: timed(
+                [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
+            ),
+            "horovodrun": lambda: timed(horovodrun),
+            "ray start": ray_start,
+        },
+        mode.script_reps,
+    )
+    ray_start_s = runs.pop("ray start")
+    return {
+        "b8_script_s": {name: summary(values) for name, values in runs.items()},
+        "b8_ratio_vs_horovodrun": ratio(runs["horovod_ray"], runs["horovodrun"]),
+        "b8_ray_start_s": summary(ray_start_s),
+        "b8_after_ray_start_s": statistics.median(
+            a - b for a, b in zip(runs["horovod_ray"], ray_start_s, strict=True)
+        ),
     }
 
 
@@ -556,6 +767,12 @@ def print_table(results: dict) -> None:
             f"  ratio vs horovod.ray {results['b2_ratio_vs_horovod_ray'][workers]:.3f}"
             f"  vs HorovodTrainer {results['b2_ratio_vs_horovod_trainer'][workers]:.3f}"
         )
+        if workers in results.get("b2_floor_s", {}):
+            above = results["b2_overhead_above_floor_s"][workers]
+            print(
+                f"  import floor {results['b2_floor_s'][workers]['median']:.3f} s; above it: "
+                + ", ".join(f"{name} {value:+.3f} s" for name, value in above.items())
+            )
     if "b3_call_ms" in results:
         print("B3 no-op call, 4 workers")
         for name, s in results["b3_call_ms"].items():
@@ -574,6 +791,21 @@ def print_table(results: dict) -> None:
             print(row(name, s, "MB/s"))
         if "b6_ratio_vs_raw_gloo" in results:
             print(f"  b6_ratio_vs_raw_gloo {results['b6_ratio_vs_raw_gloo']:.3f}")
+    if "b6_recovery_s" in results:
+        print("B6 elastic recovery after a node loss (s)")
+        for name, s in results["b6_recovery_s"].items():
+            print(row(name, s, "s"))
+        print(row("grow back", results["b6_grow_s"], "s"))
+        print(f"  b6_ratio_vs_restart {results['b6_ratio_vs_restart']:.3f}")
+    if "b8_script_s" in results:
+        print("B8 fresh script to result, 2 ranks")
+        for name, s in results["b8_script_s"].items():
+            print(row(name, s, "s"))
+        print(row("Ray's start alone", results["b8_ray_start_s"], "s"))
+        print(
+            f"  b8_ratio_vs_horovodrun {results['b8_ratio_vs_horovodrun']:.3f}; after Ray's "
+            f"start {results['b8_after_ray_start_s']:.3f} s"
+        )
     if "b7_script_s" in results:
         print("B7 script wall time, 2 ranks")
         for name, s in results["b7_script_s"].items():
@@ -643,7 +875,9 @@ def plot(results: dict, directory: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
-    parser.add_argument("--only", default="b1,b2,b3,b4,b5,b6,b7", help="comma-separated subset")
+    parser.add_argument(
+        "--only", default="b1,b2,b3,b4,b5,b6,b6e,b7,b8", help="comma-separated subset"
+    )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
@@ -676,6 +910,10 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     if "b7" in only:
         results.update(b7(mode))
+    if "b6e" in only:
+        results.update(b6_elastic(mode))
+    if "b8" in only:
+        results.update(b8(mode))
     if "b6" in only:
         # After the shutdown: the local Ray would otherwise idle beside the two hosts.
         results.update(b6(mode, may_install=args.mode != "smoke"))

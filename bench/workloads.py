@@ -41,6 +41,65 @@ def first_allreduce() -> float:
     return time.time()
 
 
+def _record(folder: str, step: int, size: int) -> None:
+    """Rank 0's latest step: ``step size wall-time``, replaced atomically."""
+    path = os.path.join(folder, "progress")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(f"{step} {size} {time.time()}")
+    os.replace(path + ".tmp", path)
+
+
+def elastic_steps(folder: str, pause_s: float) -> int:
+    """B6 elastic: one allreduce and one commit per step, until ``folder/finish`` exists."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+
+    @hvd.elastic.run
+    def loop(state):
+        while True:
+            hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
+            finish = os.path.exists(os.path.join(folder, "finish"))
+            finish = int(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
+            state.step += 1
+            state.commit()
+            if hvd.rank() == 0:
+                _record(folder, state.step, hvd.size())
+            if finish:
+                return state.step
+            time.sleep(pause_s)
+
+    return loop(state)
+
+
+def checkpointed_steps(folder: str, pause_s: float) -> int:
+    """B6 restart: the same steps as a static job, resuming from rank 0's checkpoint."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    checkpoint = os.path.join(folder, "checkpoint")
+    step = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
+    step = int(hvd.broadcast(tf.constant(step), root_rank=0).numpy())
+    while True:
+        hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
+        finish = os.path.exists(os.path.join(folder, "finish"))
+        finish = int(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
+        step += 1
+        if hvd.rank() == 0:
+            with open(checkpoint + ".tmp", "w") as handle:
+                handle.write(str(step))
+            os.replace(checkpoint + ".tmp", checkpoint)
+            _record(folder, step, hvd.size())
+        if finish:
+            return step
+        time.sleep(pause_s)
+
+
 def noop(*_args) -> None:
     """B3: nothing, to measure the cost of a call itself."""
     return None

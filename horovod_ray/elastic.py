@@ -32,7 +32,7 @@ from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.rendezvous import create_rendezvous_handler
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from horovod_ray import network
+from horovod_ray import logs, network
 from horovod_ray.errors import ElasticLimitError, HorovodRayError, WorkerFailedError
 from horovod_ray.failures import describe
 from horovod_ray.rendezvous import RendezvousServer
@@ -314,7 +314,8 @@ class ElasticRun:
                 event = self._events.get_nowait()
             except queue.Empty:
                 return
-            logger.info("elastic job: %s", event)
+            if event.get("event") == "membership":
+                logger.info("elastic job: %s", event)
             for callback in callbacks:
                 callback(event)
 
@@ -404,7 +405,7 @@ class ElasticRun:
                     raise _ReleasedError()
                 self._actors[key] = actor
             facts = self._wait(actor.node_info.remote(), events, start_s)
-            where = f"node {facts.where}, local rank {slot.local_rank}"
+            where = f"{facts.where}, local rank {slot.local_rank}"
             iface = network.gloo_iface(facts, self._settings.nics, self._local_only)
             self._server.allow(facts.node_ip)
             env = {
@@ -415,7 +416,7 @@ class ElasticRun:
             }
             self._wait(actor.setup.remote(env, False, self._executable), events, start_s)
             fn_ref, args = self._call
-            value = self._wait(actor.call.remote(1, None, fn_ref, args), events, None)
+            value = self._wait_call(actor, actor.call.remote(1, None, fn_ref, args), events)
             # The rank the driver gives this slot in the world that finished.
             rank = self._driver.get_slot_info(slot.hostname, slot.local_rank).rank
             with self._lock:
@@ -435,6 +436,25 @@ class ElasticRun:
                 self._actors.pop(key, None)
             if actor is not None:
                 _kill(actor)
+
+    def _wait_call(self, actor: Any, ref: ray.ObjectRef, events: Sequence[threading.Event]):
+        """Waits for the user's call, passing on what the rank logs while it is rank 0."""
+        poll: ray.ObjectRef | None = actor.next_logs.remote(1, logs.LOG_POLL_S)
+        while True:
+            waiting = [ref] if poll is None else [ref, poll]
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=SLOT_POLL_S)
+            if poll is not None and poll in ready:
+                items, finished = ray.get(poll)
+                for item in items:
+                    self._events.put(item)
+                poll = None if finished else actor.next_logs.remote(1, logs.LOG_POLL_S)
+            if ref in ready:
+                value = ray.get(ref)
+                for item in ray.get(actor.next_logs.remote(1, 0))[0]:
+                    self._events.put(item)
+                return value
+            if self._stopping.is_set() or any(event.is_set() for event in events):
+                raise _ReleasedError()
 
     def _wait(
         self, ref: ray.ObjectRef, events: Sequence[threading.Event], timeout_s: float | None

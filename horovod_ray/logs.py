@@ -9,6 +9,8 @@ code runs) and hands each dict to the callbacks while the call is still running.
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
@@ -64,6 +66,20 @@ class LogChannel:
 
 # Set in a worker process once its rank is known; None in the driver and on other ranks.
 _channel: LogChannel | None = None
+# In an elastic job every rank has a channel; only the rank that is 0 when it logs posts.
+_elastic = False
+
+
+def _rank_now() -> int:
+    """This process's rank now: horovod's (an elastic reset may change it) or its first."""
+    for name in ("horovod.tensorflow", "horovod.torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                return int(module.rank())
+            except Exception:  # noqa: BLE001 - not initialised under that framework
+                continue
+    return int(os.environ.get("HOROVOD_RANK", "0"))
 
 
 def log(metrics: Mapping[str, Any]) -> None:
@@ -89,14 +105,16 @@ def log(metrics: Mapping[str, Any]) -> None:
 def post(item: object) -> None:
     """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
     channel = _channel
-    if channel is not None:
+    if channel is not None and (not _elastic or _rank_now() == 0):
         channel.put(item)
 
 
 def open_channel(is_log_rank: bool) -> None:
-    """Opens this process's channel if it is rank 0 (closes it otherwise)."""
-    global _channel
-    _channel = LogChannel() if is_log_rank else None
+    """Opens this process's channel if it is rank 0 (closes it otherwise); in an elastic
+    job (``HOROVOD_ELASTIC`` set) on every rank, which posts while it is rank 0."""
+    global _channel, _elastic
+    _elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+    _channel = LogChannel() if is_log_rank or _elastic else None
 
 
 def begin(call_id: int) -> None:

@@ -15,6 +15,11 @@ from horovod_ray.settings import check_env, create_settings
 
 logger = logging.getLogger(__name__)
 
+# How run() starts a local Ray when none is running: only what a job needs. Without the
+# dashboard (about 0.7 s of its start, see docs/benchmarks.rst B8); a user who wants it, or
+# Ray's state API, calls ray.init() first.
+LOCAL_RAY_OPTIONS: dict[str, Any] = {"include_dashboard": False}
+
 
 def run(
     train_fn: Callable[..., Any],
@@ -37,9 +42,9 @@ def run(
 
     Starts a job, runs the function on every rank, and stops the job whatever happens
     (success, a failed rank, Ctrl-C). If no Ray is running in this process, a local one is
-    started (``ray.init(address="local")``, or the cluster in ``RAY_ADDRESS`` when that is
-    set, as in a Ray Job) and left running for later calls; to use a cluster, call
-    ``ray.init(address=...)`` first.
+    started (``ray.init(address="local", include_dashboard=False)``, or the cluster in
+    ``RAY_ADDRESS`` when that is set, as in a Ray Job) and left running for later calls;
+    to use a cluster, or to have Ray's dashboard, call ``ray.init(...)`` first.
 
     Args:
         train_fn: The training function; each rank calls ``hvd.init()`` inside it.
@@ -106,7 +111,7 @@ def run(
         else:
             # A new local instance, never another one that happens to run on the machine.
             logger.info("no Ray running in this process: starting a local one")
-            ray.init(address="local")
+            ray.init(address="local", **LOCAL_RAY_OPTIONS)
     try:
         executor.start(extra_env_vars=env)
         return executor.run_call(call, callbacks)

@@ -1,15 +1,18 @@
 """A horovod elastic TensorFlow loop for the elastic tests: one commit per step.
 
 Each step allreduces a one and records ``(step, size, sum)`` in the committed state, so
-the final history shows every step exactly once and the world size it ran at. Rank 0
-writes its latest step and size to ``progress`` (the test watches it); the loop ends once
-``finish`` exists, a decision every rank takes together (a broadcast from rank 0).
+the final history shows every step exactly once and the world size it ran at. Every rank
+logs ``{"step", "size"}`` (only rank 0's reach the callbacks). Rank 0 writes its latest
+step and size to ``progress`` (the test watches it); the loop ends once ``finish`` exists,
+a decision every rank takes together (a broadcast from rank 0).
 """
 
 from __future__ import annotations
 
 import os
 import time
+
+import horovod_ray
 
 
 def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
@@ -30,6 +33,7 @@ def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
             finish = bool(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
             state.step += 1
             state.commit()
+            horovod_ray.log({"step": state.step, "size": hvd.size()})  # rank 0's reach us
             if hvd.rank() == 0:
                 path = os.path.join(folder, "progress")
                 with open(path + ".tmp", "w") as handle:

@@ -46,6 +46,13 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b5_cold_start_s",
         "b7_script_s",
         "b7_ratio_vs_horovodrun",
+        "b6_recovery_s",
+        "b2_floor_s",
+        "b8_script_s",
+        "b8_ratio_vs_horovodrun",
+        "b8_ray_start_s",
+        "b6_ratio_vs_restart",
+        "b6_grow_s",
     ):
         numbers = _numbers(figures[key])
         assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key

@@ -80,7 +80,13 @@ class _Run:
         self.thread.start()
 
     def sizes(self) -> list[int]:
-        return [event["size_after"] for event in self.events]
+        return [e["size_after"] for e in self.events if e.get("event") == "membership"]
+
+    def changes(self) -> list[dict]:
+        return [e for e in self.events if e.get("event") == "membership"]
+
+    def logged(self) -> list[tuple[int, int]]:
+        return [(e["step"], e["size"]) for e in self.events if "step" in e]
 
 
 def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
@@ -91,7 +97,7 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
         assert _autoscaler_request() == [{"CPU": 1.0}] * 6
-        first = run.events[0]
+        first = run.changes()[0]
         lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
         cluster.remove_node(lost)
         _wait_for(lambda: 4 in run.sizes(), 120, "the world to shrink to 4", run)
@@ -119,10 +125,14 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
     first_four = sizes.index(4)
     assert set(sizes[first_four:]) == {4, 6} and sizes[first_four:].index(6) > 0
     # A reset that keeps the world (a second notice of the same loss) may come between.
-    changes = [e for e in run.events if e["size_before"] != e["size_after"]]
+    changes = [e for e in run.changes() if e["size_before"] != e["size_after"]]
     assert [(e["size_before"], e["size_after"]) for e in changes] == [(0, 6), (6, 4), (4, 6)]
     assert changes[1]["nodes_removed"] == [lost.node_id]
     assert len(changes[2]["nodes_added"]) == 1
+    # Rank 0's log() dicts, whichever rank was 0: one per step and world size.
+    logged = run.logged()
+    assert len(logged) == len(set(logged)) and {size for _, size in logged} == {4, 6}
+    assert max(step for step, _ in logged) == len(steps)
     assert _autoscaler_request() == []  # withdrawn at the end
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
 
@@ -158,7 +168,7 @@ def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
     try:
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
-        used = run.events[0]["nodes_added"]
+        used = run.changes()[0]["nodes_added"]
         cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id in used))
         run.thread.join(120)
     finally:

@@ -295,6 +295,68 @@ def allreduce_seconds(params: dict) -> dict:
     return {"seconds": seconds[0]}
 
 
+@scenario
+def elastic_host_lost(params: dict) -> dict:
+    """An elastic job over three hosts (six ranks) loses one host and goes on with four."""
+    import tempfile
+
+    from test.elastic_training import train
+
+    victim = params["hosts"][params["victim"]]
+    folder = tempfile.mkdtemp(prefix="hr-elastic-")
+
+    def progress() -> tuple[int, int]:
+        try:
+            step, size = open(os.path.join(folder, "progress")).read().split()
+            return int(step), int(size)
+        except (FileNotFoundError, ValueError):
+            return 0, 0
+
+    def wait_until(step: int, size: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not (progress()[0] >= step and progress()[1] == size):
+            if time.monotonic() > deadline or not runner.is_alive():
+                raise AssertionError(f"no step {step} on {size} ranks: {progress()} {outcome}")
+            time.sleep(0.2)
+
+    settings = RayExecutor.create_settings(timeout_s=60)
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=120)
+    executor.start()
+    events: list[dict] = []
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["results"] = executor.run(train, args=(folder,), callbacks=[events.append])
+        except Exception as err:  # noqa: BLE001 - reported
+            outcome["error"] = repr(err)
+
+    runner = threading.Thread(target=target, daemon=True)
+    runner.start()
+    try:
+        wait_until(3, 6, 240)
+        pids = subprocess.run(
+            ["ip", "netns", "pids", victim["netns"]], capture_output=True, text=True
+        ).stdout.split()
+        for pid in pids:
+            os.kill(int(pid), 9)
+        lost_at = time.monotonic()
+        wait_until(progress()[0] + 3, 4, 240)
+        shrink_s = time.monotonic() - lost_at
+        open(os.path.join(folder, "finish"), "w").close()
+        runner.join(120)
+    finally:
+        executor.stop()
+    results = outcome.get("results") or []
+    return {
+        "error": outcome.get("error"),
+        "sizes": [e["size_after"] for e in events if e.get("event") == "membership"],
+        "history": results[0]["history"] if results else [],
+        "ranks": [r["rank"] for r in results],
+        "shrink_s": shrink_s,
+    }
+
+
 def main() -> int:
     global _GCS_ADDRESS
     name, params = sys.argv[1], json.loads(sys.argv[2])

@@ -13,6 +13,7 @@ import ipaddress
 import re
 import shlex
 import subprocess
+import sys
 
 import pytest
 
@@ -196,6 +197,45 @@ def test_host_lost_mid_job_names_its_rank(cluster: SimHosts) -> None:
     assert len(result["victim_ranks"]) == 1
     assert result["error"]["failures"] == result["victim_ranks"], result["error"]["text"]
     assert result["state"] == "failed"
+
+
+def test_elastic_job_loses_a_host_and_goes_on(cluster: SimHosts) -> None:
+    """Across real addresses (not loopback): rendezvous on the driver's address, each
+    host's own interface, the driver reaching each rank's notification port."""
+    result = cluster.scenario(cluster.head, "elastic_host_lost", victim="h3", timeout_s=600)
+    assert result["error"] is None, result["error"]
+    sizes = [size for _, size, _ in result["history"]]
+    steps = [step for step, _, _ in result["history"]]
+    assert steps == list(range(len(steps)))
+    assert sizes[0] == 6 and sizes[-1] == 4
+    assert all(total == size for _, size, total in result["history"])
+    assert result["sizes"][0] == 6 and result["sizes"][-1] == 4
+    assert result["ranks"] == [0, 1, 2, 3]
+
+
+def test_command_line_across_hosts(cluster: SimHosts, tmp_path) -> None:
+    """horovod-ray run from the head over three hosts; with --working-dir every rank
+    starts in Ray's copy of that directory."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, socket\n"
+        "import horovod.tensorflow as hvd\n"
+        "hvd.init()\n"
+        "print(hvd.rank(), hvd.size(), socket.gethostname(), os.environ['HOROVOD_GLOO_IFACE'],"
+        " os.getcwd())\n"
+    )
+    command = [
+        "-m", "horovod_ray", "run", "--address", cluster.gcs_address, "--num-hosts", "3",
+        "--working-dir", str(tmp_path), sys.executable, "where.py",
+    ]  # fmt: skip
+    result = cluster.python(cluster.head, command, timeout_s=300)
+    rows = re.findall(r"^\[(\d)\]<stdout>:(\d) 3 (\S+) (\S+) (\S+)$", result.stdout, re.M)
+    assert sorted(int(prefix) for prefix, *_ in rows) == [0, 1, 2], result.stdout
+    assert all(prefix == rank for prefix, rank, *_ in rows)
+    by_host = {host: (iface, cwd) for _, _, host, iface, cwd in rows}
+    assert sorted(by_host) == ["h1.sim", "h2.sim", "h3.sim"]
+    assert by_host["h2.sim"][0] == "ens5" and by_host["h1.sim"][0] == "eth0"
+    assert all(cwd != str(tmp_path) and "working_dir" in cwd for _, cwd in by_host.values())
 
 
 def test_harness_leaves_nothing_behind() -> None:

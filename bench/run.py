@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -62,24 +63,22 @@ class Mode:
 
 
 MODES = {
-    # fmt: off
     "full": Mode(
-        5,
-        64 << 20,
-        60,
-        3,
-        (2, 4),
-        300,
-        8,
-        5,
-        ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
-        1,
-        3,
+        reps=5, b1_bytes=64 << 20, b1_iters=60, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
+        b4_trials=8, b4_reps=3, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
+        b5_reps=1, b6e_reps=3, script_reps=3,
     ),
-    "quick": Mode(2, 64 << 20, 20, 2, (2,), 100, 4, 1, ((1, 1), (4, 2)), 1, 1),
-    "smoke": Mode(1, 1 << 20, 3, 1, (2,), 20, 2, 1, ((1, 1), (2, 2)), 1, 1),
-    # fmt: on
-}
+    "quick": Mode(
+        reps=2, b1_bytes=64 << 20, b1_iters=20, b1_warmup=2, b2_workers=(2,), b3_calls=100,
+        b4_trials=4, b4_reps=1, b5_points=((1, 1), (4, 2)), b5_reps=1, b6e_reps=1,
+        script_reps=2,
+    ),
+    "smoke": Mode(
+        reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,
+        b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1, b6e_reps=1,
+        script_reps=1,
+    ),
+}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- statistics
@@ -232,11 +231,13 @@ def _on_host(hosts: tuple, rank: int) -> list[str]:
     return hosts[rank].command([])
 
 
-def horovod_ray_run(num_workers: int, fn, *args):
+def horovod_ray_run(num_workers: int, fn, *args, env: dict | None = None):
     from horovod_ray import RayExecutor
 
     settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
     with RayExecutor(settings, num_workers=num_workers) as executor:
+        if env:
+            executor.run(os.environ.update, args=[env])
         return executor.run(fn, args=list(args))
 
 
@@ -303,6 +304,48 @@ def b1(mode: Mode, may_install: bool) -> dict:
     if "raw_gloo" in runs:
         out["b1_ratio_vs_raw_gloo"] = ratio(runs["horovod_ray"], runs["raw_gloo"])
     return out
+
+
+# Horovod settings tried one at a time against the defaults (sweep, not in the default set).
+SWEEP_SETTINGS = {
+    "defaults": {},
+    "no fusion": {"HOROVOD_FUSION_THRESHOLD": "0"},
+    "cycle 0.1 ms": {"HOROVOD_CYCLE_TIME": "0.1"},
+    "cycle 5 ms": {"HOROVOD_CYCLE_TIME": "5"},
+    "no cache": {"HOROVOD_CACHE_CAPACITY": "0"},
+}
+SWEEP_POINTS = ((1 << 20, 2), (8 << 20, 2), (64 << 20, 2), (256 << 20, 2), (64 << 20, 4))
+
+
+def sweep(mode: Mode, may_install: bool) -> dict:
+    """B1's allreduce under each of SWEEP_SETTINGS, at several sizes and rank counts, with
+    the C++ ring beside them (2 ranks). Run with ``--only sweep``."""
+    out = {}
+    for nbytes, workers in SWEEP_POINTS:
+        out[f"{nbytes >> 20}MB x{workers}"] = _sweep_point(mode, may_install, nbytes, workers)
+    return {"sweep_mbps": out}
+
+
+def _sweep_point(mode: Mode, may_install: bool, nbytes: int, workers: int) -> dict:
+    iters = max(5, min(60, (2 << 30) // nbytes))
+    megabytes = nbytes * iters / 1e6
+    print(f"sweep: {nbytes >> 20} MB x {iters} on {workers} ranks", flush=True)
+
+    def ours(env: dict) -> float:
+        args = (nbytes, iters, 2)
+        return (
+            megabytes / horovod_ray_run(workers, workloads.allreduce_throughput, *args, env=env)[0]
+        )
+
+    systems: dict[str, Callable[[], float]] = {
+        name: functools.partial(ours, env) for name, env in SWEEP_SETTINGS.items()
+    }
+    if workers == 2 and ensure_gloo_binary(may_install):
+        systems["raw_gloo"] = lambda: megabytes / raw_gloo_seconds(nbytes, iters, 2)
+    runs = alternate(systems, mode.reps)
+    point: dict = {name: summary(values) for name, values in runs.items()}
+    point["ratio_vs_defaults"] = {name: ratio(v, runs["defaults"]) for name, v in runs.items()}
+    return point
 
 
 def b6(mode: Mode, may_install: bool) -> dict:
@@ -791,6 +834,9 @@ def print_table(results: dict) -> None:
             print(row(name, s, "MB/s"))
         if "b6_ratio_vs_raw_gloo" in results:
             print(f"  b6_ratio_vs_raw_gloo {results['b6_ratio_vs_raw_gloo']:.3f}")
+    for point, systems in results.get("sweep_mbps", {}).items():
+        ratios = systems["ratio_vs_defaults"]
+        print(f"sweep {point}: " + ", ".join(f"{n} {r:.3f}" for n, r in ratios.items()))
     if "b6_recovery_s" in results:
         print("B6 elastic recovery after a node loss (s)")
         for name, s in results["b6_recovery_s"].items():
@@ -905,6 +951,8 @@ def main(argv: list[str] | None = None) -> int:
             results.update(b2(mode))
         if "b4" in only:
             results.update(b4(mode, storage))
+        if "sweep" in only:
+            results.update(sweep(mode, may_install=args.mode != "smoke"))
     if "b5" in only:
         results.update(b5(mode))
     ray.shutdown()

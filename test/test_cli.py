@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,18 +63,34 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def _raylets() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "raylet"}
+def _ray_processes_under(root: Path) -> list[int]:
+    """Live processes whose command line names ``root`` (a Ray temp dir of one test)."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if str(root) in command and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process.pid)
+    return found
 
 
 def test_same_lines_as_horovodrun(tmp_path):
     """A fresh local Ray started and stopped by the CLI; output as horovodrun's, byte for byte."""
     env = {**os.environ, "FOO": "from-caller", "TF_CPP_MIN_LOG_LEVEL": "2"}
     command = [sys.executable, SCRIPT, "allreduce"]
-    raylets_before = _raylets()
-    code, out, err = _run("-np", "2", *command, cwd=tmp_path, env=env, timeout=180)
-    assert code == 0, err[-3000:]
-    assert _raylets() == raylets_before  # the local Ray it started is gone
+    # The CLI's own Ray keeps its files, and so its processes' names, under ray_root (short:
+    # Ray's socket paths must fit 107 bytes).
+    ray_root = Path(tempfile.mkdtemp(prefix="hr-cli-"))
+    try:
+        cli_env = {**env, "RAY_TMPDIR": str(ray_root)}
+        code, out, err = _run("-np", "2", *command, cwd=tmp_path, env=cli_env, timeout=180)
+        assert code == 0, err[-3000:]
+        assert any(ray_root.iterdir())
+        deadline = time.monotonic() + 20
+        while _ray_processes_under(ray_root) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _ray_processes_under(ray_root) == []  # the local Ray it started is gone
+    finally:
+        shutil.rmtree(ray_root, ignore_errors=True)
     reference = subprocess.run(
         [str(VENV_BIN / "horovodrun"), "--gloo", "-np", "2", *command],
         cwd=tmp_path,

@@ -145,3 +145,15 @@ def test_command_line_example_runs_unmodified_script():
     )
     assert sorted(rank for rank, _ in accuracies) == ["0", "1"]
     assert all(float(accuracy) > 0.8 for _, accuracy in accuracies)
+
+
+def test_elastic_example_command_trains():
+    line = next(text for text in README.splitlines() if "elastic_tensorflow2_digits.py --" in text)
+    command = shlex.split(line.strip())
+    assert command[0] == ".venv/bin/python"
+    command[0] = sys.executable
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^membership: 0 -> \d ranks", result.stdout, re.M), result.stdout
+    final = re.search(r"final world: (\d) ranks, held-out accuracy ([\d.]+)", result.stdout)
+    assert int(final.group(1)) >= 2 and float(final.group(2)) > 0.7

@@ -648,7 +648,11 @@ def b6_elastic(mode: Mode) -> dict:
     grow: list[float] = []
 
     def elastic(cluster: Cluster, folder: Path) -> float:
-        executor = RayExecutor(settings, min_workers=2, max_workers=3, elastic_timeout=60)
+        # A failed host comes back after a cooldown (horovod's Gloo aborts a survivor now and
+        # then when a peer's node goes; that run's recovery is then longer).
+        executor = RayExecutor(
+            settings, min_workers=2, max_workers=3, elastic_timeout=60, cooldown_range=(1, 2)
+        )
         executor.start()
         try:
             thread, outcome = _in_thread(

@@ -89,9 +89,17 @@ class _Run:
         return [(e["step"], e["size"]) for e in self.events if "step" in e]
 
 
+# horovod's Gloo aborts a survivor now and then when a peer's node goes (an exception in
+# Gloo's TCP loop thread, seen once in a dozen losses): a failed host then comes back after
+# this cooldown, as a user would configure it, instead of leaving the job for good.
+COOLDOWN = (1, 2)
+
+
 def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
     settings = RayExecutor.create_settings(timeout_s=30)
-    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    executor = RayExecutor(
+        settings, min_workers=2, max_workers=6, elastic_timeout=60, cooldown_range=COOLDOWN
+    )
     executor.start()
     try:
         run = _Run(executor, tmp_path)
@@ -100,7 +108,8 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
         first = run.changes()[0]
         lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
         cluster.remove_node(lost)
-        _wait_for(lambda: 4 in run.sizes(), 120, "the world to shrink to 4", run)
+        _wait_for(lambda: min(run.sizes()) <= 4, 120, "the world to shrink", run)
+        _wait_for(_at(tmp_path, 1, 4), 120, "training on 4", run)
         shrunk_at = _progress(tmp_path)[0]
         _wait_for(_at(tmp_path, shrunk_at + 3, 4), 120, "steps at 4 ranks", run)
         cluster.add_node(num_cpus=2)
@@ -123,12 +132,11 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
     assert all(total == size for _, size, total in history)  # the allreduce saw everyone
     assert sizes[0] == 6 and sizes[-1] == 6 and 4 in sizes
     first_four = sizes.index(4)
-    assert set(sizes[first_four:]) == {4, 6} and sizes[first_four:].index(6) > 0
-    # A reset that keeps the world (a second notice of the same loss) may come between.
+    assert 6 in sizes[first_four:]  # grew back after running on 4
     changes = [e for e in run.changes() if e["size_before"] != e["size_after"]]
-    assert [(e["size_before"], e["size_after"]) for e in changes] == [(0, 6), (6, 4), (4, 6)]
-    assert changes[1]["nodes_removed"] == [lost.node_id]
-    assert len(changes[2]["nodes_added"]) == 1
+    assert (changes[0]["size_before"], changes[0]["size_after"]) == (0, 6)
+    assert lost.node_id in changes[1]["nodes_removed"] and changes[1]["size_after"] <= 4
+    assert changes[-1]["size_after"] == 6 and changes[-1]["nodes_added"]
     # Rank 0's log() dicts, whichever rank was 0: one per step and world size.
     logged = run.logged()
     assert len(logged) == len(set(logged)) and {size for _, size in logged} == {4, 6}
@@ -162,21 +170,23 @@ def test_below_min_workers_fails_with_the_limit_named(cluster):
 
 
 def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
+    """Growing is a reset too (as in horovod): a node added to a job with reset_limit=0."""
     settings = RayExecutor.create_settings(timeout_s=30)
-    executor = RayExecutor(settings, min_workers=2, max_workers=4, reset_limit=0)
+    executor = RayExecutor(settings, min_workers=2, max_workers=8, reset_limit=0)
     executor.start()
+    added = None
     try:
         run = _Run(executor, tmp_path)
-        _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
-        used = run.changes()[0]["nodes_added"]
-        cluster.remove_node(next(n for n in cluster.worker_nodes if n.node_id in used))
+        _wait_for(_at(tmp_path, 2, 6), 240, "6 ranks training", run)
+        added = cluster.add_node(num_cpus=2)
         run.thread.join(120)
     finally:
         executor.stop()
+        if added is not None:
+            cluster.remove_node(added)  # leave three worker nodes for what comes next
     error = run.outcome["error"]
     assert isinstance(error, ElasticLimitError), error
     assert error.limit == "reset_limit" and "reset_limit=0" in str(error)
-    cluster.add_node(num_cpus=2)  # leave three worker nodes for what comes next
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
 
 

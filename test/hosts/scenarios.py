@@ -320,7 +320,12 @@ def elastic_host_lost(params: dict) -> dict:
             time.sleep(0.2)
 
     settings = RayExecutor.create_settings(timeout_s=60)
-    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=120)
+    # A failed host comes back after a cooldown: horovod's Gloo aborts a survivor now and
+    # then when a peer's host goes (see test_elastic.py). Longer than Ray takes to declare
+    # a host dead that lost power (about 15 s), so the crashed host is not tried again.
+    executor = RayExecutor(
+        settings, min_workers=2, max_workers=6, elastic_timeout=120, cooldown_range=(20, 60)
+    )
     executor.start()
     events: list[dict] = []
     outcome: dict[str, Any] = {}

@@ -326,7 +326,7 @@ def run_command(args: argparse.Namespace) -> int:
                 executor.start()
                 signals.on_signal = None
             if signals.received is None:
-                failed, _ = job.run(
+                failed = job.run(
                     command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir)
                 )
         except KeyboardInterrupt:

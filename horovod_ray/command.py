@@ -323,11 +323,11 @@ class CommandJob:
         extra_env: dict[str, str],
         caller_cwd: str,
         shipped_cwd: bool,
-    ) -> tuple[int | None, int | None]:
+    ) -> int | None:
         """Runs the command to its end on every rank.
 
         Returns:
-            (the first failing rank or None, the signal that stopped the run or None).
+            The first failing rank, or None.
         """
         executor = self._executor
         self._output.open(executor.num_workers)
@@ -345,7 +345,7 @@ class CommandJob:
                 # keep relaying until each has exited and its output is all out.
                 ending = True
                 executor.run(end_on_rank, args=(END_GRACE_S,))
-        return self.first_failure(), self._interrupted()
+        return self.first_failure()
 
     def first_failure(self) -> int | None:
         """The rank whose command failed first (by the nodes' clocks; ties: lowest rank)."""

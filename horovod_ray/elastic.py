@@ -36,7 +36,7 @@ from horovod_ray import logs, network
 from horovod_ray.errors import ElasticLimitError, HorovodRayError, WorkerFailedError
 from horovod_ray.failures import describe
 from horovod_ray.rendezvous import RendezvousServer
-from horovod_ray.settings import ElasticLayout, Settings
+from horovod_ray.settings import ElasticLayout, Settings, WorkerLayout
 from horovod_ray.worker import RemoteWorker
 
 logger = logging.getLogger(__name__)
@@ -193,6 +193,7 @@ class ElasticRun:
     Args:
         settings: Timeouts, interfaces, verbosity.
         layout: The elastic bounds and limits.
+        worker: What one rank reserves (the executor's layout).
         extra_env: More environment variables for every rank.
         executable: ``executable_cls`` pickled with its arguments, or None.
     """
@@ -201,11 +202,13 @@ class ElasticRun:
         self,
         settings: Settings,
         layout: ElasticLayout,
+        worker: WorkerLayout,
         extra_env: Mapping[str, str],
         executable: bytes | None,
     ) -> None:
         self._settings = settings
         self._layout = layout
+        self._worker = worker
         self._extra_env = dict(extra_env)
         self._executable = executable
         self._lock = threading.Lock()
@@ -239,17 +242,18 @@ class ElasticRun:
         # local Ray, simulated nodes), so that nothing leaves it; such a job stays there.
         # Otherwise (other machines, or none with room yet, as on an autoscaling cluster
         # with a 0-CPU head) the driver's address, and each node's own interface.
-        with_room = node_slots(nodes, layout.worker_resources())
+        per_rank = self._worker.worker_resources()
+        with_room = node_slots(nodes, per_rank)
         addresses = {n["NodeManagerAddress"] for n in nodes if n["NodeID"] in with_room}
         self._local_only = addresses == {driver_ip}
         bind = "127.0.0.1" if self._local_only else driver_ip
         discovery = NodeDiscovery(
-            layout.worker_resources(),
+            per_rank,
             driver_ip if self._local_only else None,
             layout.discovery_interval_s,
         )
         self._call = (ray.put(fn), args)
-        autoscaler = _AutoscalerRequest(layout)
+        autoscaler = _AutoscalerRequest(layout, per_rank)
         result: dict[str, Any] = {}
         try:
             with self._lock:
@@ -330,7 +334,8 @@ class ElasticRun:
         layout, driver = self._layout, self._driver
         available = min(driver.available_slots(), layout.max_workers or sys.maxsize)
         error = result.get("error")
-        if isinstance(error, horovod_timeout.TimeoutException) or driver.timed_out_waiting:
+        # Set by every wait for slots that timed out: at start, or inside a reset.
+        if driver.timed_out_waiting:
             raise ElasticLimitError(
                 "min_workers",
                 layout.min_workers,
@@ -396,8 +401,8 @@ class ElasticRun:
         start_s = self._settings.placement_group_timeout_s
         try:
             actor = RemoteWorker.options(
-                num_cpus=self._layout.cpus_per_worker,
-                num_gpus=self._layout.gpus,
+                num_cpus=self._worker.cpus_per_worker,
+                num_gpus=self._worker.gpus,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(slot.hostname, soft=False),
             ).remote()
             with self._lock:
@@ -501,9 +506,9 @@ class _AutoscalerRequest:
     Without ``max_workers``, it asks for ``min_workers``.
     """
 
-    def __init__(self, layout: ElasticLayout) -> None:
+    def __init__(self, layout: ElasticLayout, per_rank: dict[str, float]) -> None:
         wanted = layout.max_workers or layout.min_workers
-        self._bundles = [layout.worker_resources()] * wanted
+        self._bundles = [per_rank] * wanted
         self._asked = False
 
     def ask(self) -> None:

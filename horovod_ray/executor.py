@@ -136,9 +136,6 @@ class RayExecutor:
             self.elastic = ElasticLayout(
                 min_workers=min_workers,
                 max_workers=max_workers,
-                cpus_per_worker=cpus_per_worker,
-                use_gpu=use_gpu,
-                gpus_per_worker=gpus_per_worker,
                 reset_limit=reset_limit,
                 cooldown_range=cooldown_range,
                 elastic_timeout_s=600 if elastic_timeout is None else elastic_timeout,
@@ -392,7 +389,7 @@ class RayExecutor:
                 )
             env, executable = self._elastic_setup
             current = self._elastic_run = elastic.ElasticRun(
-                self.settings, self.elastic, env, executable
+                self.settings, self.elastic, self.layout, env, executable
             )
         try:
             return current.run(call.fn, call.args, callbacks)

@@ -259,15 +259,12 @@ class ElasticLayout:
     """An elastic job's bounds and limits (see ``RayExecutor(min_workers=...)``).
 
     The world grows to ``max_workers`` ranks while the cluster has room and shrinks to no
-    fewer than ``min_workers``; one rank per slot, a node's slots being how many
-    ``cpus_per_worker`` (and GPUs) it holds.
+    fewer than ``min_workers``. What one rank reserves is the executor's
+    :class:`WorkerLayout` (``cpus_per_worker``, GPUs), checked there.
     """
 
     min_workers: int
     max_workers: int | None = None
-    cpus_per_worker: float = 1
-    use_gpu: bool = False
-    gpus_per_worker: float | None = None
     reset_limit: int | None = None
     cooldown_range: tuple[int, int] | None = None
     elastic_timeout_s: float = 600
@@ -283,13 +280,6 @@ class ElasticLayout:
                     f"max_workers={self.max_workers} is below min_workers="
                     f"{self.min_workers}; give max_workers >= min_workers (or None)",
                 )
-        # The same checks as a static job's (cpus, GPUs), under the same names.
-        WorkerLayout(
-            num_workers=1,
-            cpus_per_worker=self.cpus_per_worker,
-            use_gpu=self.use_gpu,
-            gpus_per_worker=self.gpus_per_worker,
-        )
         if self.reset_limit is not None and not (
             _is_int(self.reset_limit) and self.reset_limit >= 0
         ):
@@ -315,16 +305,3 @@ class ElasticLayout:
             object.__setattr__(self, "cooldown_range", bounds)
         require_positive("elastic_timeout", self.elastic_timeout_s)
         require_positive("discovery_interval_s", self.discovery_interval_s)
-
-    @property
-    def gpus(self) -> float:
-        if not self.use_gpu:
-            return 0
-        return 1 if self.gpus_per_worker is None else self.gpus_per_worker
-
-    def worker_resources(self) -> dict[str, float]:
-        """The Ray resources one rank reserves."""
-        resources = {"CPU": float(self.cpus_per_worker)}
-        if self.gpus:
-            resources["GPU"] = float(self.gpus)
-        return resources

@@ -28,7 +28,8 @@ def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
     def loop(state):
         while state.step < max_steps:
             total = hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
-            state.history.append((state.step, hvd.size(), float(total.numpy())))
+            # Rebound, not appended in place: restore() must roll the list back too.
+            state.history = [*state.history, (state.step, hvd.size(), float(total.numpy()))]
             finish = os.path.exists(os.path.join(folder, "finish"))
             finish = bool(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
             state.step += 1

@@ -105,6 +105,6 @@ def test_bad_elastic_arguments_are_refused_at_construction(kwargs, parameter, te
 def test_elastic_layout_keeps_the_bounds():
     layout = ElasticLayout(min_workers=2, max_workers=6, cooldown_range=[5, 60])
     assert layout.cooldown_range == (5, 60)
-    assert layout.worker_resources() == {"CPU": 1.0}
     executor = RayExecutor(min_workers=2, max_workers=6)
+    assert executor.layout.worker_resources() == {"CPU": 1.0}  # what each rank reserves
     assert executor.elastic.max_workers == 6

@@ -8,9 +8,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ray  # noqa: E402
 
-from horovod_ray.run import LOCAL_RAY_OPTIONS  # noqa: E402
+from horovod_ray import local_ray  # noqa: E402
 
 if __name__ == "__main__":
     start = time.perf_counter()
-    ray.init(address="local", **LOCAL_RAY_OPTIONS)
+    ray.init(address="local", **local_ray.OPTIONS)
     print(time.perf_counter() - start, flush=True)

@@ -259,6 +259,8 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
     """Joins the cluster asked for, or starts a local Ray."""
     import ray
 
+    from horovod_ray import local_ray
+
     options: dict = {
         "log_to_driver": args.verbose,
         "logging_level": logging.INFO if args.verbose else logging.WARNING,
@@ -272,11 +274,8 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
     # Enough logical CPUs for the job, as horovodrun runs -np 4 on a 2-core machine.
     layout = executor.layout
     ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
-    ray.init(
-        address="local",
-        num_cpus=max(os.cpu_count() or 1, math.ceil(ranks * layout.cpus_per_worker)),
-        include_dashboard=False,
-        **options,
+    local_ray.start(
+        num_cpus=max(os.cpu_count() or 1, math.ceil(ranks * layout.cpus_per_worker)), **options
     )
 
 
@@ -300,6 +299,8 @@ def run_command(args: argparse.Namespace) -> int:
         return _USAGE_ERROR
 
     import ray
+
+    from horovod_ray import local_ray
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -337,7 +338,7 @@ def run_command(args: argparse.Namespace) -> int:
             output.close()
             executor.stop()
             if starts_local_ray and ray.is_initialized():
-                ray.shutdown()
+                local_ray.stop()
     if signals.received is not None:
         name = signal.Signals(signals.received).name
         print(f"horovod-ray run: stopped by {name}", file=sys.stderr)

@@ -8,17 +8,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
-from horovod_ray import calls
+from horovod_ray import calls, local_ray
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import check_env, create_settings
 
 logger = logging.getLogger(__name__)
-
-# How run() starts a local Ray when none is running: only what a job needs. Without the
-# dashboard (about 0.7 s of its start, see docs/benchmarks.rst B8); a user who wants it, or
-# Ray's state API, calls ray.init() first.
-LOCAL_RAY_OPTIONS: dict[str, Any] = {"include_dashboard": False}
 
 
 def run(
@@ -111,7 +106,7 @@ def run(
         else:
             # A new local instance, never another one that happens to run on the machine.
             logger.info("no Ray running in this process: starting a local one")
-            ray.init(address="local", **LOCAL_RAY_OPTIONS)
+            local_ray.start()
     try:
         executor.start(extra_env_vars=env)
         return executor.run_call(call, callbacks)

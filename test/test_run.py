@@ -85,8 +85,22 @@ def test_bad_input_is_refused_before_ray_starts():
     assert "RAY False" in out
 
 
+# Prints each Ray process kind that ray's Node stops, and whether the autoscaler monitor
+# was still running then; the stop itself goes on unchanged.
+SPY_ON_RAY_STOP = (
+    "from ray._private.node import Node\n"
+    "_kill = Node._kill_process_type\n"
+    "def _spy(node, kind, *args, **kwargs):\n"
+    "    monitor = node.all_processes.get('monitor')  # dropped once stopped\n"
+    "    running = monitor is not None and monitor[0].process.poll() is None\n"
+    "    print('STOP', kind, 'monitor running:', running, flush=True)\n"
+    "    _kill(node, kind, *args, **kwargs)\n"
+    "Node._kill_process_type = _spy\n"
+)
+
+
 def test_run_starts_a_local_ray_when_none_is_running():
-    code = (
+    code = SPY_ON_RAY_STOP + (
         "import ray, horovod_ray\n"
         "print('RESULT', horovod_ray.run(lambda: 7, num_slots=2))\n"
         "print('RAY', ray.is_initialized())\n"
@@ -94,6 +108,22 @@ def test_run_starts_a_local_ray_when_none_is_running():
     out = run_fresh_python(code, timeout_s=180)
     assert "RESULT [7, 7]" in out
     assert "RAY True" in out
+    # Ray stops it at exit, monitor first: stopped after the GCS, the monitor's SIGTERM
+    # handler waits on the gone GCS until Ray kills it a second later.
+    assert "STOP gcs_server monitor running: False" in out
+
+
+def test_local_ray_stop_ends_the_monitor_before_the_gcs():
+    code = SPY_ON_RAY_STOP + (
+        "import ray\n"
+        "from horovod_ray import local_ray\n"
+        "local_ray.start(num_cpus=1)\n"
+        "local_ray.stop()\n"
+        "print('RAY', ray.is_initialized())\n"
+    )
+    out = run_fresh_python(code, timeout_s=180)
+    assert "STOP gcs_server monitor running: False" in out
+    assert "RAY False" in out
 
 
 def test_config_error_is_a_value_error():

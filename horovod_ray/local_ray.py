@@ -1,0 +1,50 @@
+"""The local Ray that ``run()`` and ``horovod-ray run`` start when none is running.
+
+Only what a one-off job needs, and a faster stop: see docs/benchmarks.rst, B8.
+"""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any
+
+import ray
+
+# Without the dashboard (about 0.7 s of Ray's start). A user who wants it, or Ray's state
+# API, calls ray.init() before horovod_ray does.
+OPTIONS: dict[str, Any] = {"include_dashboard": False}
+
+_exit_hook_registered = False
+
+
+def start(**options: Any) -> None:
+    """Starts a new local Ray instance (never joins one already on the machine).
+
+    Ray stops it when the interpreter exits, as for any ``ray.init()``; the autoscaler
+    monitor is stopped first so that this stop is a second shorter.
+    """
+    global _exit_hook_registered
+    ray.init(address="local", **{**OPTIONS, **options})
+    if not _exit_hook_registered:
+        # atexit runs hooks last registered first: this one before Ray's own shutdown.
+        atexit.register(stop_monitor)
+        _exit_hook_registered = True
+
+
+def stop() -> None:
+    """Stops the local Ray that ``start`` began."""
+    stop_monitor()
+    ray.shutdown()
+
+
+def stop_monitor() -> None:
+    """Ends the autoscaler monitor of a Ray this process started, ahead of Ray's shutdown.
+
+    ``ray.shutdown()`` stops the GCS before the monitor. The monitor's SIGTERM handler
+    then writes its exit to the GCS that is gone, and hangs until Ray kills it a second
+    later. A local instance about to stop has no use for its monitor, so it is killed at
+    once. Nothing happens when this process joined a Ray it did not start.
+    """
+    node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
+    if node is not None and node.is_head():
+        node.kill_monitor(check_alive=False)

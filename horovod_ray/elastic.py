@@ -397,7 +397,7 @@ class ElasticRun:
         """
         key = threading.get_ident()
         actor = None
-        where = f"node {slot.hostname[:12]}, local rank {slot.local_rank}"
+        where = f"on node {slot.hostname[:12]}, local rank {slot.local_rank}"
         start_s = self._settings.placement_group_timeout_s
         try:
             actor = RemoteWorker.options(
@@ -428,13 +428,13 @@ class ElasticRun:
                 self._outcome.results[rank] = value
             return 0, time.time()
         except _ReleasedError:
-            logger.info("elastic job: the rank on %s was let go", where)
+            logger.info("elastic job: the rank %s was let go", where)
             return 1, time.time()
         except Exception as err:  # noqa: BLE001 - horovod counts the exit code
             with self._lock:
                 reset = len(self._outcome.worlds) - 1
                 self._outcome.failures[reset, slot.rank] = describe(err, where)
-            logger.warning("elastic job: rank %d on %s ended: %s", slot.rank, where, err)
+            logger.warning("elastic job: rank %d %s ended: %s", slot.rank, where, err)
             return 1, time.time()
         finally:
             with self._lock:

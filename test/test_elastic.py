@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -95,7 +97,8 @@ class _Run:
 COOLDOWN = (1, 2)
 
 
-def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
+def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="horovod_ray.elastic")
     settings = RayExecutor.create_settings(timeout_s=30)
     executor = RayExecutor(
         settings, min_workers=2, max_workers=6, elastic_timeout=60, cooldown_range=COOLDOWN
@@ -143,6 +146,11 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path):
     assert max(step for step, _ in logged) == len(steps)
     assert _autoscaler_request() == []  # withdrawn at the end
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+    # The lost node's ranks are named with where they ran.
+    ended = re.findall(
+        r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
+    )
+    assert lost.node_id[:12] in ended, caplog.text
 
 
 def _our_actors() -> list:

@@ -14,6 +14,7 @@ docs/benchmarks.rst.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator, Sequence
 
 # Ray Train's HorovodTrainer is only in the v1 API; this must precede importing ray.train.
 os.environ["RAY_TRAIN_V2_ENABLED"] = "0"
@@ -39,6 +40,7 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 import ray  # noqa: E402
 
 from bench import workloads  # noqa: E402
+from horovod_ray import local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -146,6 +148,25 @@ def wait_for_quiet(timeout_s: float = 15.0) -> None:
         if not leftovers:
             return
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def simulated_nodes(cpus_per_node: Sequence[int]) -> Iterator[ray.cluster_utils.Cluster]:
+    """A ``ray.cluster_utils.Cluster`` with a Ray node per entry, this driver joined to it."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster()
+    try:
+        for cpus in cpus_per_node:
+            cluster.add_node(num_cpus=cpus)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+        yield cluster
+    finally:
+        ray.shutdown()
+        if cluster.head_node is not None:
+            local_ray.stop_monitor(cluster.head_node)
+        cluster.shutdown()
 
 
 # ------------------------------------------------------------------------------ systems
@@ -532,55 +553,84 @@ def b4(mode: Mode, storage: str) -> dict:
     }
 
 
-def b7(mode: Mode) -> dict:
-    """The same script's wall time under horovodrun and under ``horovod-ray run``.
+def scripts(mode: Mode, with_b7: bool, with_b8: bool) -> dict:
+    """B7 and B8: whole scripts from a fresh process, against ``horovodrun`` of the same work.
 
-    ``horovod-ray run`` either starts its own local Ray (and stops it), or joins one that
-    already runs (started here, as a user's cluster would be).
+    B7: ``workloads.py b2`` under ``horovod-ray run -np 2``, starting its own local Ray or
+    joining one that already runs (started here, as a user's cluster would be). B8:
+    ``b8_script.py``, a script that calls ``horovod_ray.run`` and so starts the local Ray
+    itself; and ``ray.init`` alone, with the same options, in a fresh process. The runs
+    that start their own Ray share one rotation and one set of ``horovodrun`` runs.
     """
-    print("B7 script wall time: workloads.py b2 on 2 ranks", flush=True)
+    print("B7/B8 scripts: one allreduce on 2 ranks from a fresh process", flush=True)
     script = [sys.executable, str(ROOT / "bench" / "workloads.py"), "b2"]
     cli = [sys.executable, "-m", "horovod_ray", "run", "-np", "2"]
 
-    def timed(command: list[str]) -> float:
+    def timed(command: list[str], prints: str) -> float:
         wait_for_quiet()
         start = time.perf_counter()
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
-        if out.returncode != 0 or len(re.findall(r"<stdout>:\{", out.stdout)) != 2:
+        if out.returncode != 0 or not re.search(prints, out.stdout):
             raise RuntimeError(f"{command[:6]} failed: {out.stderr[-2000:]}")
         return seconds
 
+    def ray_start() -> float:
+        wait_for_quiet()
+        command = [sys.executable, str(ROOT / "bench" / "b8_ray_start.py")]
+        out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
+        return float(out.stdout.split()[-1])
+
+    both_ranks = r"(?s)<stdout>:\{.*<stdout>:\{"  # each rank printed its figures
     horovodrun = [
         str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
         "-H", "localhost:2", *script,
     ]  # fmt: skip
-    local = alternate(
-        {"horovodrun": lambda: timed(horovodrun), "horovod-ray local": lambda: timed(cli + script)},
-        mode.script_reps,
-    )
-    ray.init(address="local", num_cpus=NUM_CPUS, log_to_driver=False, include_dashboard=False)
-    try:
-        address = ray.get_runtime_context().gcs_address
-        joining = alternate(
-            {
-                "horovodrun": lambda: timed(horovodrun),
-                "horovod-ray joining": lambda: timed([*cli, "--address", address, *script]),
-            },
-            mode.script_reps,
+    systems = {"horovodrun": lambda: timed(horovodrun, both_ranks)}
+    if with_b7:
+        systems["horovod-ray local"] = lambda: timed(cli + script, both_ranks)
+    if with_b8:
+        b8_script = [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
+        systems["horovod_ray"] = lambda: timed(b8_script, r"^2$")
+        systems["ray start"] = ray_start
+    local = alternate(systems, mode.script_reps)
+    out: dict = {}
+    if with_b8:
+        ray_start_s = local["ray start"]
+        out.update(
+            b8_script_s={name: summary(local[name]) for name in ("horovod_ray", "horovodrun")},
+            b8_ratio_vs_horovodrun=ratio(local["horovod_ray"], local["horovodrun"]),
+            b8_ray_start_s=summary(ray_start_s),
+            b8_after_ray_start_s=statistics.median(
+                a - b for a, b in zip(local["horovod_ray"], ray_start_s, strict=True)
+            ),
         )
-    finally:
-        ray.shutdown()
-    runs = {
-        "horovodrun": local["horovodrun"] + joining["horovodrun"],
-        "horovod-ray local": local["horovod-ray local"],
-        "horovod-ray joining": joining["horovod-ray joining"],
-    }
-    return {
-        "b7_script_s": {name: summary(values) for name, values in runs.items()},
-        "b7_ratio_vs_horovodrun": ratio(joining["horovod-ray joining"], joining["horovodrun"]),
-        "b7_ratio_local_vs_horovodrun": ratio(local["horovod-ray local"], local["horovodrun"]),
-    }
+    if with_b7:
+        local_ray.start(num_cpus=NUM_CPUS, log_to_driver=False)
+        try:
+            address = ray.get_runtime_context().gcs_address
+            joining = alternate(
+                {
+                    "horovodrun": lambda: timed(horovodrun, both_ranks),
+                    "horovod-ray joining": lambda: timed(
+                        [*cli, "--address", address, *script], both_ranks
+                    ),
+                },
+                mode.script_reps,
+            )
+        finally:
+            local_ray.stop()
+        runs = {
+            "horovodrun": local["horovodrun"] + joining["horovodrun"],
+            "horovod-ray local": local["horovod-ray local"],
+            "horovod-ray joining": joining["horovod-ray joining"],
+        }
+        out.update(
+            b7_script_s={name: summary(values) for name, values in runs.items()},
+            b7_ratio_vs_horovodrun=ratio(joining["horovod-ray joining"], joining["horovodrun"]),
+            b7_ratio_local_vs_horovodrun=ratio(local["horovod-ray local"], local["horovodrun"]),
+        )
+    return out
 
 
 def _progress(folder: Path) -> tuple[int, int, float]:
@@ -633,17 +683,8 @@ def b6_elastic(mode: Mode) -> dict:
     settings = RayExecutor.create_settings(timeout_s=30, verbose=0)
 
     def on_cluster(measure: Callable[[Cluster, Path], float]) -> float:
-        cluster = Cluster()
-        for cpus in (0, 1, 1, 1):
-            cluster.add_node(num_cpus=cpus)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        try:
-            with tempfile.TemporaryDirectory() as folder:
-                return measure(cluster, Path(folder))
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
+        with simulated_nodes((0, 1, 1, 1)) as cluster, tempfile.TemporaryDirectory() as folder:
+            return measure(cluster, Path(folder))
 
     grow: list[float] = []
 
@@ -715,69 +756,16 @@ def b6_elastic(mode: Mode) -> dict:
     }
 
 
-def b8(mode: Mode) -> dict:
-    """A fresh ``python script.py`` to its result: ``horovod_ray.run`` starting its own
-    local Ray, against ``horovodrun`` of the same work; and Ray's start on its own."""
-    print("B8 script to result: one allreduce on 2 ranks from a fresh process", flush=True)
-
-    def timed(command: list[str]) -> float:
-        wait_for_quiet()
-        start = time.perf_counter()
-        out = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        seconds = time.perf_counter() - start
-        if out.returncode != 0:
-            raise RuntimeError(f"{command[:4]} failed: {out.stderr[-2000:]}")
-        return seconds
-
-    def ray_start() -> float:
-        wait_for_quiet()
-        command = [sys.executable, str(ROOT / "bench" / "b8_ray_start.py")]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
-        return float(out.stdout.split()[-1])
-
-    horovodrun = [
-        str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
-        "-H", "localhost:2", sys.executable, str(ROOT / "bench" / "workloads.py"), "b2",
-    ]  # fmt: skip
-    runs = alternate(
-        {
-            "horovod_ray": lambda: timed(
-                [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
-            ),
-            "horovodrun": lambda: timed(horovodrun),
-            "ray start": ray_start,
-        },
-        mode.script_reps,
-    )
-    ray_start_s = runs.pop("ray start")
-    return {
-        "b8_script_s": {name: summary(values) for name, values in runs.items()},
-        "b8_ratio_vs_horovodrun": ratio(runs["horovod_ray"], runs["horovodrun"]),
-        "b8_ray_start_s": summary(ray_start_s),
-        "b8_after_ray_start_s": statistics.median(
-            a - b for a, b in zip(runs["horovod_ray"], ray_start_s, strict=True)
-        ),
-    }
-
-
 def b5(mode: Mode) -> dict:
-    from ray.cluster_utils import Cluster
+    from horovod_ray import RayExecutor
 
     print("B5 scaling: cold start + first allreduce over simulated nodes", flush=True)
     out: dict = {}
     for workers, nodes in mode.b5_points:
-        ray.shutdown()
-        cluster = Cluster()
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=workers // nodes)
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
-        try:
+        with simulated_nodes([workers // nodes] * nodes):
             values = []
             for _ in range(mode.b5_reps):
                 start = time.time()
-                from horovod_ray import RayExecutor
-
                 settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
                 with RayExecutor(
                     settings, num_hosts=nodes, num_workers_per_host=workers // nodes
@@ -785,9 +773,6 @@ def b5(mode: Mode) -> dict:
                     values.append(_cold(start, executor.run(workloads.first_allreduce)))
             out[f"{workers}x{nodes}"] = {"workers": workers, "nodes": nodes, **summary(values)}
             print(f"  {workers} workers on {nodes} nodes: {statistics.median(values):.2f}s")
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
     return {"b5_cold_start_s": out}
 
 
@@ -944,31 +929,32 @@ def main(argv: list[str] | None = None) -> int:
         },
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    parts_s: dict[str, float] = {}
+
+    def part(name: str, measure: Callable[..., dict], *args: object) -> None:
+        if not set(name.split("+")) & only:
+            return
+        part_started = time.perf_counter()
+        results.update(measure(*args))
+        parts_s[name] = time.perf_counter() - part_started
+        print(f"{name}: {parts_s[name]:.0f}s", flush=True)
+
     started = time.perf_counter()
-    ray.init(num_cpus=NUM_CPUS, log_to_driver=False, include_dashboard=False)
+    may_install = args.mode != "smoke"
+    local_ray.start(num_cpus=NUM_CPUS, log_to_driver=False)
     with tempfile.TemporaryDirectory() as storage:
-        if "b3" in only:
-            results.update(b3(mode))
-        if "b1" in only:
-            results.update(b1(mode, may_install=args.mode != "smoke"))
-        if "b2" in only:
-            results.update(b2(mode))
-        if "b4" in only:
-            results.update(b4(mode, storage))
-        if "sweep" in only:
-            results.update(sweep(mode, may_install=args.mode != "smoke"))
-    if "b5" in only:
-        results.update(b5(mode))
-    ray.shutdown()
-    if "b7" in only:
-        results.update(b7(mode))
-    if "b6e" in only:
-        results.update(b6_elastic(mode))
-    if "b8" in only:
-        results.update(b8(mode))
-    if "b6" in only:
-        # After the shutdown: the local Ray would otherwise idle beside the two hosts.
-        results.update(b6(mode, may_install=args.mode != "smoke"))
+        part("b3", b3, mode)
+        part("b1", b1, mode, may_install)
+        part("b2", b2, mode)
+        part("b4", b4, mode, storage)
+        part("sweep", sweep, mode, may_install)
+    local_ray.stop()
+    part("b5", b5, mode)
+    part("b6e", b6_elastic, mode)
+    part("b7+b8", scripts, mode, "b7" in only, "b8" in only)
+    # After the shutdown: the local Ray would otherwise idle beside the two hosts.
+    part("b6", b6, mode, may_install)
+    results["parts_s"] = parts_s
     results["wall_s"] = time.perf_counter() - started
     results["plots"] = plot(results, out_path.parent)
     out_path.write_text(json.dumps(results, indent=2))

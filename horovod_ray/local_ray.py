@@ -37,14 +37,17 @@ def stop() -> None:
     ray.shutdown()
 
 
-def stop_monitor() -> None:
-    """Ends the autoscaler monitor of a Ray this process started, ahead of Ray's shutdown.
+def stop_monitor(node: Any = None) -> None:
+    """Ends the autoscaler monitor of a Ray head this process started, ahead of its stop.
 
-    ``ray.shutdown()`` stops the GCS before the monitor. The monitor's SIGTERM handler
-    then writes its exit to the GCS that is gone, and hangs until Ray kills it a second
-    later. A local instance about to stop has no use for its monitor, so it is killed at
-    once. Nothing happens when this process joined a Ray it did not start.
+    ``ray.shutdown()`` (and ``Cluster.shutdown()``) stop the GCS before the monitor. The
+    monitor's SIGTERM handler then writes its exit to the GCS that is gone, and hangs
+    until Ray kills it a second later. A Ray about to stop has no use for its monitor, so
+    it is killed at once. ``node`` is a ``ray._private.node.Node`` (a
+    ``Cluster.head_node``); by default, the Ray that ``ray.init`` started in this
+    process. Nothing happens when this process joined a Ray it did not start.
     """
-    node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
+    if node is None:
+        node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
     if node is not None and node.is_head():
         node.kill_monitor(check_alive=False)

@@ -19,15 +19,20 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 from ray.util import state as ray_state  # noqa: E402
 
+from horovod_ray import local_ray  # noqa: E402
+
 # What kind of Ray this process holds now, so that modules can share one.
 _current: dict[str, object] = {"kind": None}
 
 
 def _shutdown() -> None:
+    # Each Ray's monitor first, or its stop waits a second on it (see local_ray).
     if ray.is_initialized():
+        local_ray.stop_monitor()
         ray.shutdown()
     cluster = _current.get("cluster")
     if cluster is not None:
+        local_ray.stop_monitor(cluster.head_node)
         cluster.shutdown()
     _current.clear()
     _current["kind"] = None

@@ -71,8 +71,8 @@ MODES = {
         b5_reps=1, b6e_reps=3, script_reps=3,
     ),
     "quick": Mode(
-        reps=2, b1_bytes=64 << 20, b1_iters=20, b1_warmup=2, b2_workers=(2,), b3_calls=100,
-        b4_trials=4, b4_reps=1, b5_points=((1, 1), (4, 2)), b5_reps=1, b6e_reps=1,
+        reps=2, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,), b3_calls=100,
+        b4_trials=4, b4_reps=1, b5_points=(), b5_reps=1, b6e_reps=1,
         script_reps=2,
     ),
     "smoke": Mode(
@@ -559,44 +559,43 @@ def scripts(mode: Mode, with_b7: bool, with_b8: bool) -> dict:
     B7: ``workloads.py b2`` under ``horovod-ray run -np 2``, starting its own local Ray or
     joining one that already runs (started here, as a user's cluster would be). B8:
     ``b8_script.py``, a script that calls ``horovod_ray.run`` and so starts the local Ray
-    itself; and ``ray.init`` alone, with the same options, in a fresh process. The runs
+    itself, split into its ``ray.init`` (timed inside the script) and the rest. The runs
     that start their own Ray share one rotation and one set of ``horovodrun`` runs.
     """
     print("B7/B8 scripts: one allreduce on 2 ranks from a fresh process", flush=True)
     script = [sys.executable, str(ROOT / "bench" / "workloads.py"), "b2"]
     cli = [sys.executable, "-m", "horovod_ray", "run", "-np", "2"]
 
-    def timed(command: list[str], prints: str) -> float:
+    def timed(command: list[str], prints: str) -> tuple[float, str]:
         wait_for_quiet()
         start = time.perf_counter()
         out = subprocess.run(command, capture_output=True, text=True, timeout=300)
         seconds = time.perf_counter() - start
         if out.returncode != 0 or not re.search(prints, out.stdout):
             raise RuntimeError(f"{command[:6]} failed: {out.stderr[-2000:]}")
-        return seconds
+        return seconds, out.stdout
 
-    def ray_start() -> float:
-        wait_for_quiet()
-        command = [sys.executable, str(ROOT / "bench" / "b8_ray_start.py")]
-        out = subprocess.run(command, capture_output=True, text=True, timeout=300, check=True)
-        return float(out.stdout.split()[-1])
+    ray_start_s: list[float] = []
+
+    def b8_script() -> float:
+        command = [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
+        seconds, stdout = timed(command, r"ranks 2 ray_start_s ")
+        ray_start_s.append(float(stdout.split()[-1]))
+        return seconds
 
     both_ranks = r"(?s)<stdout>:\{.*<stdout>:\{"  # each rank printed its figures
     horovodrun = [
         str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
         "-H", "localhost:2", *script,
     ]  # fmt: skip
-    systems = {"horovodrun": lambda: timed(horovodrun, both_ranks)}
+    systems = {"horovodrun": lambda: timed(horovodrun, both_ranks)[0]}
     if with_b7:
-        systems["horovod-ray local"] = lambda: timed(cli + script, both_ranks)
+        systems["horovod-ray local"] = lambda: timed(cli + script, both_ranks)[0]
     if with_b8:
-        b8_script = [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
-        systems["horovod_ray"] = lambda: timed(b8_script, r"^2$")
-        systems["ray start"] = ray_start
+        systems["horovod_ray"] = b8_script
     local = alternate(systems, mode.script_reps)
     out: dict = {}
     if with_b8:
-        ray_start_s = local["ray start"]
         out.update(
             b8_script_s={name: summary(local[name]) for name in ("horovod_ray", "horovodrun")},
             b8_ratio_vs_horovodrun=ratio(local["horovod_ray"], local["horovodrun"]),
@@ -611,10 +610,10 @@ def scripts(mode: Mode, with_b7: bool, with_b8: bool) -> dict:
             address = ray.get_runtime_context().gcs_address
             joining = alternate(
                 {
-                    "horovodrun": lambda: timed(horovodrun, both_ranks),
+                    "horovodrun": lambda: timed(horovodrun, both_ranks)[0],
                     "horovod-ray joining": lambda: timed(
                         [*cli, "--address", address, *script], both_ranks
-                    ),
+                    )[0],
                 },
                 mode.script_reps,
             )
@@ -683,7 +682,11 @@ def b6_elastic(mode: Mode) -> dict:
     settings = RayExecutor.create_settings(timeout_s=30, verbose=0)
 
     def on_cluster(measure: Callable[[Cluster, Path], float]) -> float:
-        with simulated_nodes((0, 1, 1, 1)) as cluster, tempfile.TemporaryDirectory() as folder:
+        # Back to three 1-CPU nodes: each measurement removes one (and elastic adds one).
+        while len(cluster.worker_nodes) < 3:
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        with tempfile.TemporaryDirectory() as folder:
             return measure(cluster, Path(folder))
 
     grow: list[float] = []
@@ -742,13 +745,16 @@ def b6_elastic(mode: Mode) -> dict:
         finally:
             second.stop()
 
-    runs = alternate(
-        {
-            "elastic": lambda: on_cluster(elastic),
-            "restart": lambda: on_cluster(restart),
-        },
-        mode.b6e_reps,
-    )
+    # One cluster for every measurement (a 0-CPU head and the 1-CPU nodes): each starts
+    # with three live nodes, and every executor of the last one stopped.
+    with simulated_nodes((0,)) as cluster:
+        runs = alternate(
+            {
+                "elastic": lambda: on_cluster(elastic),
+                "restart": lambda: on_cluster(restart),
+            },
+            mode.b6e_reps,
+        )
     return {
         "b6_recovery_s": {name: summary(values) for name, values in runs.items()},
         "b6_ratio_vs_restart": ratio(runs["elastic"], runs["restart"]),
@@ -759,6 +765,9 @@ def b6_elastic(mode: Mode) -> dict:
 def b5(mode: Mode) -> dict:
     from horovod_ray import RayExecutor
 
+    if not mode.b5_points:
+        print("B5 scaling: full mode only", flush=True)
+        return {}
     print("B5 scaling: cold start + first allreduce over simulated nodes", flush=True)
     out: dict = {}
     for workers, nodes in mode.b5_points:
@@ -836,7 +845,7 @@ def print_table(results: dict) -> None:
         print("B8 fresh script to result, 2 ranks")
         for name, s in results["b8_script_s"].items():
             print(row(name, s, "s"))
-        print(row("Ray's start alone", results["b8_ray_start_s"], "s"))
+        print(row("its ray.init", results["b8_ray_start_s"], "s"))
         print(
             f"  b8_ratio_vs_horovodrun {results['b8_ratio_vs_horovodrun']:.3f}; after Ray's "
             f"start {results['b8_after_ray_start_s']:.3f} s"

@@ -329,7 +329,10 @@ class SimHosts:
         for host in self.hosts.values():
             for pid in host.pids():
                 _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        # A short grace: terminated all at once, Ray's GCS, raylets and monitor wait on
+        # one another for about 10 s before they exit; nothing of theirs outlives the
+        # namespaces and the folder removed below.
+        deadline = time.monotonic() + 2
         while time.monotonic() < deadline and any(h.pids() for h in self.hosts.values()):
             time.sleep(0.2)
         # Again until none is left: a process may fork while the last ones are killed.

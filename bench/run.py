@@ -60,24 +60,25 @@ class Mode:
     b4_reps: int  # each repetition is two whole Tune runs; see docs/benchmarks.rst
     b5_points: tuple[tuple[int, int], ...]  # (workers, nodes)
     b5_reps: int
+    b6_reps: int  # B6 across simulated hosts: each repetition starts a driver there
     b6e_reps: int
     script_reps: int  # B7 and B8: whole scripts, each a few seconds
 
 
 MODES = {
     "full": Mode(
-        reps=5, b1_bytes=64 << 20, b1_iters=60, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
-        b4_trials=8, b4_reps=3, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
-        b5_reps=1, b6e_reps=3, script_reps=3,
+        reps=5, b1_bytes=64 << 20, b1_iters=40, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
+        b4_trials=8, b4_reps=2, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
+        b5_reps=1, b6_reps=3, b6e_reps=3, script_reps=3,
     ),
     "quick": Mode(
         reps=2, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,), b3_calls=100,
-        b4_trials=4, b4_reps=1, b5_points=(), b5_reps=1, b6e_reps=1,
+        b4_trials=4, b4_reps=1, b5_points=(), b5_reps=1, b6_reps=2, b6e_reps=1,
         script_reps=2,
     ),
     "smoke": Mode(
         reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,
-        b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1, b6e_reps=1,
+        b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1, b6_reps=1, b6e_reps=1,
         script_reps=1,
     ),
 }  # fmt: skip
@@ -395,7 +396,7 @@ def b6(mode: Mode, may_install: bool) -> dict:
             systems["raw_gloo"] = lambda: (
                 megabytes / raw_gloo_seconds(nbytes, iters, warmup, hosts=(first, second))
             )
-        runs = alternate(systems, mode.reps)
+        runs = alternate(systems, mode.b6_reps)
     out = {
         "b6_allreduce_mbps": {name: summary(values) for name, values in runs.items()},
         "b6_setup": {"bytes": nbytes, "iters": iters, "warmup": warmup, "hosts": 2},

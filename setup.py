@@ -32,7 +32,7 @@ setup(
     extras_require={
         "tensorflow": ["tensorflow-cpu>=2.15,<2.16"],
         "tune": ["ray[tune]>=2.60"],
-        "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils"],
+        "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils", "psutil>=6"],
         "examples": ["scikit-learn"],
         "bench": ["matplotlib"],
     },

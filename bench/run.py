@@ -339,11 +339,11 @@ SWEEP_SETTINGS = {
 SWEEP_POINTS = ((1 << 20, 2), (8 << 20, 2), (64 << 20, 2), (256 << 20, 2), (64 << 20, 4))
 
 
-def sweep(mode: Mode, may_install: bool) -> dict:
+def sweep(mode: Mode, may_install: bool, points: Sequence[tuple[int, int]]) -> dict:
     """B1's allreduce under each of SWEEP_SETTINGS, at several sizes and rank counts, with
     the C++ ring beside them (2 ranks). Run with ``--only sweep``."""
     out = {}
-    for nbytes, workers in SWEEP_POINTS:
+    for nbytes, workers in points:
         out[f"{nbytes >> 20}MB x{workers}"] = _sweep_point(mode, may_install, nbytes, workers)
     return {"sweep_mbps": out}
 
@@ -581,7 +581,8 @@ def scripts(mode: Mode, with_b7: bool, with_b8: bool) -> dict:
     def b8_script() -> float:
         command = [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
         seconds, stdout = timed(command, r"ranks 2 ray_start_s ")
-        ray_start_s.append(float(stdout.split()[-1]))
+        # Searched for: Ray may relay a worker's line after the script's own last one.
+        ray_start_s.append(float(re.search(r"ray_start_s (\S+)", stdout)[1]))
         return seconds
 
     both_ranks = r"(?s)<stdout>:\{.*<stdout>:\{"  # each rank printed its figures
@@ -722,15 +723,17 @@ def b6_elastic(mode: Mode) -> dict:
     def restart(cluster: Cluster, folder: Path) -> float:
         first = RayExecutor(settings, num_hosts=3, num_workers_per_host=1)
         first.start()
-        thread, outcome = _in_thread(
-            lambda: first.run(workloads.checkpointed_steps, args=(str(folder), 0.05))
-        )
-        _first_step(folder, 3, 0.0)
-        time.sleep(1)
-        lost_at = time.time()
-        cluster.remove_node(list(cluster.worker_nodes)[-1])
-        thread.join(120)
-        first.stop()
+        try:
+            thread, outcome = _in_thread(
+                lambda: first.run(workloads.checkpointed_steps, args=(str(folder), 0.05))
+            )
+            _first_step(folder, 3, 0.0)
+            time.sleep(1)
+            lost_at = time.time()
+            cluster.remove_node(list(cluster.worker_nodes)[-1])
+            thread.join(120)
+        finally:
+            first.stop()
         if "error" not in outcome:
             raise RuntimeError("the static job did not fail when its node went")
         second = RayExecutor(settings, num_hosts=2, num_workers_per_host=1)
@@ -767,7 +770,7 @@ def b5(mode: Mode) -> dict:
     from horovod_ray import RayExecutor
 
     if not mode.b5_points:
-        print("B5 scaling: full mode only", flush=True)
+        print("B5 scaling: not in this mode", flush=True)
         return {}
     print("B5 scaling: cold start + first allreduce over simulated nodes", flush=True)
     out: dict = {}
@@ -924,9 +927,21 @@ def main(argv: list[str] | None = None) -> int:
         "--only", default="b1,b2,b3,b4,b5,b6,b6e,b7,b8", help="comma-separated subset"
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
+    parser.add_argument(
+        "--sweep-point",
+        action="append",
+        metavar="MB:RANKS",
+        help="with --only sweep: this point only (repeatable); default: all of SWEEP_POINTS",
+    )
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
     only = set(args.only.split(","))
+    sweep_points = SWEEP_POINTS
+    if args.sweep_point:
+        sweep_points = tuple(
+            (int(mb) << 20, int(ranks))
+            for mb, ranks in (point.split(":") for point in args.sweep_point)
+        )
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -957,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         part("b1", b1, mode, may_install)
         part("b2", b2, mode)
         part("b4", b4, mode, storage)
-        part("sweep", sweep, mode, may_install)
+        part("sweep", sweep, mode, may_install, sweep_points)
     local_ray.stop()
     part("b5", b5, mode)
     part("b6e", b6_elastic, mode)

@@ -21,7 +21,9 @@ def start(**options: Any) -> None:
     """Starts a new local Ray instance (never joins one already on the machine).
 
     Ray stops it when the interpreter exits, as for any ``ray.init()``; the autoscaler
-    monitor is stopped first so that this stop is a second shorter.
+    monitor is stopped first so that this stop is a second shorter. That exit hook is the
+    process's: it also stops first the monitor of a local Ray started later by a plain
+    ``ray.init()``, which is about to stop anyway.
     """
     global _exit_hook_registered
     ray.init(address="local", **{**OPTIONS, **options})

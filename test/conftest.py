@@ -32,7 +32,8 @@ def _shutdown() -> None:
         ray.shutdown()
     cluster = _current.get("cluster")
     if cluster is not None:
-        local_ray.stop_monitor(cluster.head_node)
+        if cluster.head_node is not None:
+            local_ray.stop_monitor(cluster.head_node)
         cluster.shutdown()
     _current.clear()
     _current["kind"] = None

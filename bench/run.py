@@ -693,6 +693,17 @@ def b6_elastic(mode: Mode) -> dict:
 
     grow: list[float] = []
 
+    def steps_then_lose_a_node(
+        executor: RayExecutor, steps: Callable, cluster: Cluster, folder: Path
+    ) -> tuple[threading.Thread, dict, float]:
+        """Runs ``steps`` on 3 ranks in a thread; once they step, removes a node."""
+        thread, outcome = _in_thread(lambda: executor.run(steps, args=(str(folder), 0.05)))
+        _first_step(folder, 3, 0.0)
+        time.sleep(1)
+        lost_at = time.time()
+        cluster.remove_node(list(cluster.worker_nodes)[-1])
+        return thread, outcome, lost_at
+
     def elastic(cluster: Cluster, folder: Path) -> float:
         # A failed host comes back after a cooldown (horovod's Gloo aborts a survivor now and
         # then when a peer's node goes; that run's recovery is then longer).
@@ -701,13 +712,9 @@ def b6_elastic(mode: Mode) -> dict:
         )
         executor.start()
         try:
-            thread, outcome = _in_thread(
-                lambda: executor.run(workloads.elastic_steps, args=(str(folder), 0.05))
+            thread, outcome, lost_at = steps_then_lose_a_node(
+                executor, workloads.elastic_steps, cluster, folder
             )
-            _first_step(folder, 3, 0.0)
-            time.sleep(1)
-            lost_at = time.time()
-            cluster.remove_node(list(cluster.worker_nodes)[-1])
             recovered = _first_step(folder, 2, lost_at) - lost_at
             added_at = time.time()
             cluster.add_node(num_cpus=1)
@@ -724,13 +731,9 @@ def b6_elastic(mode: Mode) -> dict:
         first = RayExecutor(settings, num_hosts=3, num_workers_per_host=1)
         first.start()
         try:
-            thread, outcome = _in_thread(
-                lambda: first.run(workloads.checkpointed_steps, args=(str(folder), 0.05))
+            thread, outcome, lost_at = steps_then_lose_a_node(
+                first, workloads.checkpointed_steps, cluster, folder
             )
-            _first_step(folder, 3, 0.0)
-            time.sleep(1)
-            lost_at = time.time()
-            cluster.remove_node(list(cluster.worker_nodes)[-1])
             thread.join(120)
         finally:
             first.stop()

@@ -923,6 +923,14 @@ def plot(results: dict, directory: Path) -> list[str]:
     return written
 
 
+def _sweep_point(text: str) -> tuple[int, int]:
+    """``--sweep-point MB:RANKS`` as (bytes, ranks)."""
+    megabytes, _, ranks = text.partition(":")
+    if not (megabytes.isdigit() and ranks.isdigit() and int(megabytes) > 0 and int(ranks) > 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: give MB:RANKS, e.g. 64:2 (2 ranks or more)")
+    return int(megabytes) << 20, int(ranks)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
@@ -933,18 +941,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep-point",
         action="append",
+        type=_sweep_point,
         metavar="MB:RANKS",
         help="with --only sweep: this point only (repeatable); default: all of SWEEP_POINTS",
     )
     args = parser.parse_args(argv)
     mode = MODES[args.mode]
     only = set(args.only.split(","))
-    sweep_points = SWEEP_POINTS
-    if args.sweep_point:
-        sweep_points = tuple(
-            (int(mb) << 20, int(ranks))
-            for mb, ranks in (point.split(":") for point in args.sweep_point)
-        )
+    sweep_points = tuple(args.sweep_point or SWEEP_POINTS)
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
 

@@ -14,8 +14,6 @@ import ray
 # API, calls ray.init() before horovod_ray does.
 OPTIONS: dict[str, Any] = {"include_dashboard": False}
 
-_exit_hook_registered = False
-
 
 def start(**options: Any) -> None:
     """Starts a new local Ray instance (never joins one already on the machine).
@@ -25,12 +23,11 @@ def start(**options: Any) -> None:
     process's: it also stops first the monitor of a local Ray started later by a plain
     ``ray.init()``, which is about to stop anyway.
     """
-    global _exit_hook_registered
     ray.init(address="local", **{**OPTIONS, **options})
-    if not _exit_hook_registered:
-        # atexit runs hooks last registered first: this one before Ray's own shutdown.
-        atexit.register(stop_monitor)
-        _exit_hook_registered = True
+    # atexit runs hooks last registered first: this one before Ray's own shutdown (once,
+    # however many times a local Ray is started).
+    atexit.unregister(stop_monitor)
+    atexit.register(stop_monitor)
 
 
 def stop() -> None:

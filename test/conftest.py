@@ -28,8 +28,7 @@ _current: dict[str, object] = {"kind": None}
 def _shutdown() -> None:
     # Each Ray's monitor first, or its stop waits a second on it (see local_ray).
     if ray.is_initialized():
-        local_ray.stop_monitor()
-        ray.shutdown()
+        local_ray.stop()
     cluster = _current.get("cluster")
     if cluster is not None:
         if cluster.head_node is not None:

@@ -165,14 +165,21 @@ def _our_actors() -> list:
     ]
 
 
-def test_below_min_workers_fails_with_the_limit_named(cluster):
-    executor = RayExecutor(min_workers=7, max_workers=8, elastic_timeout=3)
+# Three 2-CPU worker nodes: 6 slots of 1 CPU, or 3 of 2 (the executor's cpus_per_worker).
+@pytest.mark.parametrize(("cpus_per_worker", "wanted", "available"), [(1, 7, 6), (2, 4, 3)])
+def test_below_min_workers_fails_with_the_limit_named(cluster, cpus_per_worker, wanted, available):
+    executor = RayExecutor(
+        min_workers=wanted,
+        max_workers=wanted + 1,
+        elastic_timeout=3,
+        cpus_per_worker=cpus_per_worker,
+    )
     executor.start()
     with pytest.raises(ElasticLimitError) as raised:
         executor.run(train, args=("/nonexistent",))
     error = raised.value
-    assert (error.limit, error.wanted, error.available) == ("min_workers", 7, 6)
-    assert "min_workers=7" in str(error) and "elastic_timeout=3s" in str(error)
+    assert (error.limit, error.wanted, error.available) == ("min_workers", wanted, available)
+    assert f"min_workers={wanted}" in str(error) and "elastic_timeout=3s" in str(error)
     executor.stop()
     assert _autoscaler_request() == []
 

@@ -91,18 +91,10 @@ class _Run:
         return [(e["step"], e["size"]) for e in self.events if "step" in e]
 
 
-# horovod's Gloo aborts a survivor now and then when a peer's node goes (an exception in
-# Gloo's TCP loop thread, seen once in a dozen losses): a failed host then comes back after
-# this cooldown, as a user would configure it, instead of leaving the job for good.
-COOLDOWN = (1, 2)
-
-
 def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="horovod_ray.elastic")
     settings = RayExecutor.create_settings(timeout_s=30)
-    executor = RayExecutor(
-        settings, min_workers=2, max_workers=6, elastic_timeout=60, cooldown_range=COOLDOWN
-    )
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
     executor.start()
     try:
         run = _Run(executor, tmp_path)
@@ -146,11 +138,12 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     assert max(step for step, _ in logged) == len(steps)
     assert _autoscaler_request() == []  # withdrawn at the end
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
-    # The lost node's ranks are named with where they ran.
+    # The lost node's ranks are named with where they ran, and no survivor ended with them
+    # (Gloo aborted one, now and then, before patches/*-gloo-unexpected-message.patch).
     ended = re.findall(
         r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
     )
-    assert lost.node_id[:12] in ended, caplog.text
+    assert set(ended) == {lost.node_id[:12]}, caplog.text
 
 
 def _our_actors() -> list:

@@ -4,10 +4,15 @@ Ray actors given Horovod's Gloo environment by hand run a real TensorFlow allred
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import ray
 from horovod.runner.http.http_server import RendezvousServer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_horovod_was_built_with_gloo_and_tensorflow():
@@ -116,3 +121,40 @@ def test_horovod_shutdown_closes_every_gloo_connection(ray_4cpu):
         for actor in ranks:
             ray.kill(actor)
         server.stop()
+
+
+def _horovod_gloo() -> tuple[Path, list[str]]:
+    """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
+    (its C++17 copy of third_party/gloo, patches applied), and the include flags it was
+    built with."""
+    libraries = sorted(
+        ROOT.glob("build/horovod-*/build/temp.*/*/third_party/compatible17_gloo/gloo/*.a")
+    )
+    assert libraries, "no Gloo library in horovod's build tree under build/: run `make install`"
+    library = libraries[0]
+    generated, horovod = library.parents[1], library.parents[6]
+    sources = [horovod / "third_party/gloo", horovod / "third_party/compatible17_gloo"]
+    return library, [f"-I{folder}" for folder in [*sources, generated]]
+
+
+def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
+    """patches/horovod-0.28.1-gloo-unexpected-message.patch: without it, a message larger
+    than the receive posted for it (two ranks out of step, as an elastic survivor can be
+    right after a peer's node goes) makes Gloo's device thread throw, and the process
+    aborts. With it, that connection closes and the receive raises, like any I/O error."""
+    from horovod_ray._stack import _extension_has
+
+    library, includes = _horovod_gloo()
+    program = tmp_path / "gloo_unexpected_message"
+    compiler = os.environ.get("CXX") or shutil.which("c++") or "g++"
+    subprocess.run(
+        [compiler, "-std=c++17", "-O1", "-pthread", "-D_GLIBCXX_USE_CXX11_ABI=1", *includes]
+        + [str(ROOT / "test/native/gloo_unexpected_message.cc"), str(library), "-o", str(program)],
+        check=True,
+        timeout=120,
+    )
+    done = subprocess.run([program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("raised: ") and "Unexpected message from " in done.stdout
+    # The library tested here is the one compiled into the installed extension.
+    assert _extension_has(b"Unexpected message from ")

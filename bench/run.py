@@ -705,11 +705,7 @@ def b6_elastic(mode: Mode) -> dict:
         return thread, outcome, lost_at
 
     def elastic(cluster: Cluster, folder: Path) -> float:
-        # A failed host comes back after a cooldown (horovod's Gloo aborts a survivor now and
-        # then when a peer's node goes; that run's recovery is then longer).
-        executor = RayExecutor(
-            settings, min_workers=2, max_workers=3, elastic_timeout=60, cooldown_range=(1, 2)
-        )
+        executor = RayExecutor(settings, min_workers=2, max_workers=3, elastic_timeout=60)
         executor.start()
         try:
             thread, outcome, lost_at = steps_then_lose_a_node(

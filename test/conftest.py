@@ -21,6 +21,8 @@ from ray.util import state as ray_state  # noqa: E402
 
 from horovod_ray import local_ray  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
+
 # What kind of Ray this process holds now, so that modules can share one.
 _current: dict[str, object] = {"kind": None}
 
@@ -86,7 +88,7 @@ def run_fresh_python(code: str, timeout_s: float = 180) -> str:
 
 def readme_blocks(language: str) -> list[str]:
     """The code blocks of README.rst in ``language``, in order, unindented."""
-    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text()
+    readme = (ROOT / "README.rst").read_text()
     pattern = rf"^\.\. code-block:: {language}\n\n((?:(?:    .*)?\n)+)"
     blocks = re.findall(pattern, readme, flags=re.MULTILINE)
     return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]

@@ -7,11 +7,10 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from test.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -4,6 +4,8 @@ Ray actors given Horovod's Gloo environment by hand run a real TensorFlow allred
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import ray
 from horovod.runner.http.http_server import RendezvousServer
 
-ROOT = Path(__file__).resolve().parent.parent
+from test.conftest import ROOT
 
 
 def test_horovod_was_built_with_gloo_and_tensorflow():
@@ -125,16 +127,16 @@ def test_horovod_shutdown_closes_every_gloo_connection(ray_4cpu):
 
 def _horovod_gloo() -> tuple[Path, list[str]]:
     """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
-    (its C++17 copy of third_party/gloo, patches applied), and the include flags it was
-    built with."""
+    (its C++17 copy of third_party/gloo, patches applied), and the defines and include
+    folders CMake compiled it with."""
     libraries = sorted(
         ROOT.glob("build/horovod-*/build/temp.*/*/third_party/compatible17_gloo/gloo/*.a")
     )
     assert libraries, "no Gloo library in horovod's build tree under build/: run `make install`"
     library = libraries[0]
-    generated, horovod = library.parents[1], library.parents[6]
-    sources = [horovod / "third_party/gloo", horovod / "third_party/compatible17_gloo"]
-    return library, [f"-I{folder}" for folder in [*sources, generated]]
+    flags = (library.parent / "CMakeFiles/compatible17_gloo.dir/flags.make").read_text()
+    wanted = re.findall(r"^CXX_(?:DEFINES|INCLUDES) = (.*)$", flags, flags=re.MULTILINE)
+    return library, shlex.split(" ".join(wanted))
 
 
 def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
@@ -144,11 +146,11 @@ def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
     aborts. With it, that connection closes and the receive raises, like any I/O error."""
     from horovod_ray._stack import _extension_has
 
-    library, includes = _horovod_gloo()
+    library, flags = _horovod_gloo()
     program = tmp_path / "gloo_unexpected_message"
     compiler = os.environ.get("CXX") or shutil.which("c++") or "g++"
     subprocess.run(
-        [compiler, "-std=c++17", "-O1", "-pthread", "-D_GLIBCXX_USE_CXX11_ABI=1", *includes]
+        [compiler, "-std=c++17", "-O1", "-pthread", *flags]
         + [str(ROOT / "test/native/gloo_unexpected_message.cc"), str(library), "-o", str(program)],
         check=True,
         timeout=120,

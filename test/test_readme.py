@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from test.conftest import readme_blocks, start_cluster, start_local_ray
+from test.conftest import ROOT, readme_blocks, start_cluster, start_local_ray
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.rst").read_text()
 
 pytestmark = pytest.mark.timeout(300)

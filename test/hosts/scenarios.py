@@ -320,12 +320,7 @@ def elastic_host_lost(params: dict) -> dict:
             time.sleep(0.2)
 
     settings = RayExecutor.create_settings(timeout_s=60)
-    # A failed host comes back after a cooldown, as users configure it: longer than Ray
-    # takes to declare a host dead that lost power (about 15 s), so the crashed host is
-    # not tried again while it still looks alive.
-    executor = RayExecutor(
-        settings, min_workers=2, max_workers=6, elastic_timeout=120, cooldown_range=(20, 60)
-    )
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=120)
     executor.start()
     events: list[dict] = []
     outcome: dict[str, Any] = {}

@@ -455,7 +455,7 @@ class ElasticRun:
                 poll = None if finished else actor.next_logs.remote(1, logs.LOG_POLL_S)
             if ref in ready:
                 value = ray.get(ref)
-                for item in ray.get(actor.next_logs.remote(1, 0))[0]:
+                for item in logs.remaining(actor, poll, 1):
                     self._events.put(item)
                 return value
             if self._stopping.is_set() or any(event.is_set() for event in events):

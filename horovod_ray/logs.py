@@ -161,13 +161,23 @@ def collect(
             continue
         pending = [ref for ref in pending if ref != ready[0]]
         ray.get(ready[0])  # raises at once when that rank failed
-    # Every rank has returned, so rank 0 has queued all it will log for this call:
-    # the poll in flight answers at once, and one more without waiting takes the rest.
-    items, finished = ray.get(poll)
-    _deliver(callbacks, items)
-    if not finished:
-        _deliver(callbacks, ray.get(rank0.next_logs.remote(call_id, 0))[0])
+    _deliver(callbacks, remaining(rank0, poll, call_id))
     return ray.get(refs)
+
+
+def remaining(rank0: Any, poll: ray.ObjectRef | None, call_id: int) -> list[dict]:
+    """Rank 0's last dicts of call ``call_id``, once that call has returned.
+
+    Rank 0 has queued all it will log for the call by then: the poll in flight (None when
+    an earlier poll saw the call end and took everything) answers at once, with dicts it
+    may already hold, and one more without waiting takes any that came after it.
+    """
+    if poll is None:
+        return []
+    items, finished = ray.get(poll)
+    if not finished:
+        items = [*items, *ray.get(rank0.next_logs.remote(call_id, 0))[0]]
+    return items
 
 
 def _deliver(callbacks: Iterable[Callable[[dict], None]], items: Iterable[dict]) -> None:

@@ -14,7 +14,9 @@ import pytest
 import ray
 
 from horovod_ray import RayExecutor
+from horovod_ray.elastic import ElasticRun
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
+from horovod_ray.settings import ElasticLayout, WorkerLayout
 from test.conftest import start_cluster, stop_ray
 from test.elastic_training import train
 
@@ -262,6 +264,33 @@ def _open_fds() -> dict[int, str]:
         except OSError:  # the descriptor listdir itself used, closed since
             pass
     return fds
+
+
+@ray.remote
+class _LastDictInFlight:
+    """Rank 0's log channel as a slot saw it in CI: the call's result is ready while the
+    poll in flight still holds the call's last dict (it answers half a second later)."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        self.polls += 1
+        if self.polls == 1:
+            time.sleep(0.5)
+            return [{"step": 26}], False
+        return [], True
+
+
+def test_a_slot_delivers_the_dict_its_last_poll_holds(cluster):
+    """The rank's last log() dict reaches the callbacks even when its call's result is
+    seen before the poll that took that dict (CI once lost it: 25 dicts for 26 steps)."""
+    run = ElasticRun(
+        RayExecutor.create_settings(), ElasticLayout(min_workers=1), WorkerLayout(), {}, None
+    )
+    channel = _LastDictInFlight.remote()
+    assert run._wait_call(channel, ray.put("result"), []) == "result"
+    assert list(run._events.queue) == [{"step": 26}]
 
 
 def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):

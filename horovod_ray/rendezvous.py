@@ -84,9 +84,10 @@ class _Handler(RendezvousHandler):
     def do_PUT(self) -> None:  # noqa: N802
         if self._admit(needs_body=True):
             scope, key = _PATH.match(self.path).groups()
-            super().do_PUT()
+            # Noted before the answer: a rank that got its 200 has joined for everyone.
             if scope == GLOBAL_SCOPE:
                 self.server.note_join(key)
+            super().do_PUT()
 
     def do_DELETE(self) -> None:  # noqa: N802
         if self._admit():

@@ -45,6 +45,22 @@ def test_store_round_trip_and_join_tracking(server):
     assert server.joined_ranks() == {0}
 
 
+def test_a_join_is_noted_before_the_rank_hears_back(server, monkeypatch):
+    """CI once asked right after a 200 and found no rank joined: the handler answered
+    first and noted the join after. A slow note now holds the answer back instead."""
+    from horovod_ray import rendezvous
+
+    note_join = rendezvous._Server.note_join
+
+    def slow_note_join(self, key: str) -> None:
+        threading.Event().wait(0.3)
+        note_join(self, key)
+
+    monkeypatch.setattr(rendezvous._Server, "note_join", slow_note_join)
+    assert _request(server, "PUT", "/global/1", body=b"addr-of-1")[0] == 200
+    assert server.joined_ranks() == {1}
+
+
 def test_other_source_address_gets_403_and_changes_nothing(server):
     assert _request(server, "PUT", "/global/1", body=b"evil", source="127.0.0.2")[0] == 403
     assert _request(server, "GET", "/global/1", source="127.0.0.2")[0] == 403

@@ -11,7 +11,12 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from horovod_ray._stack import INSTALL_HINT, gloo_iface_fixed, require_gloo  # noqa: E402
+from horovod_ray._stack import (  # noqa: E402
+    INSTALL_HINT,
+    batched_rendezvous,
+    gloo_iface_fixed,
+    require_gloo,
+)
 
 
 def _full_check(require_fix: bool) -> int:
@@ -29,6 +34,10 @@ def _full_check(require_fix: bool) -> int:
         return 1
     require_gloo()  # the executor's cheap check must agree
     print("horovod_ray: horovod has Gloo and TensorFlow")
+    if batched_rendezvous():
+        print("horovod_ray: horovod has the batched rendezvous (a few requests per rank)")
+    else:
+        print("horovod_ray: horovod sends Gloo's per-key rendezvous (slow past ~100 ranks)")
     if gloo_iface_fixed():
         print("horovod_ray: horovod has the Gloo interface fix (collectives use the chosen NIC)")
     else:

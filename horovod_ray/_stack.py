@@ -69,6 +69,14 @@ def gloo_iface_fixed() -> bool:
     return _gloo_problem() is None and _extension_has(_IFACE_FIX_MARKER)
 
 
+@functools.cache
+def batched_rendezvous() -> bool:
+    """Whether horovod's ranks rendezvous in batched requests (this repo's patch); a
+    stock horovod sends Gloo's per-key requests, which the server answers too, slower
+    (see README.rst, "Large jobs")."""
+    return _gloo_problem() is None and _extension_has(b"HTTP multi_get_parts")
+
+
 def require_gloo() -> None:
     """Raises HorovodRayError, naming the install command, unless horovod has Gloo + TF."""
     problem = _gloo_problem()

@@ -25,17 +25,18 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
+from horovod.runner.common.util import codec
 from horovod.runner.common.util import timeout as horovod_timeout
 from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.elastic.driver import ElasticDriver
-from horovod.runner.elastic.rendezvous import create_rendezvous_handler
+from horovod.runner.elastic.rendezvous import GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray import logs, network
 from horovod_ray.errors import ElasticLimitError, HorovodRayError, WorkerFailedError
 from horovod_ray.failures import describe
-from horovod_ray.rendezvous import RendezvousServer
+from horovod_ray.rendezvous import RendezvousServer, worker_env
 from horovod_ray.settings import ElasticLayout, Settings, WorkerLayout
 from horovod_ray.worker import RemoteWorker
 
@@ -178,6 +179,38 @@ class _Store:
         pass
 
 
+class _DriverHooks:
+    """The two scopes horovod's elastic driver answers itself in the rendezvous store.
+
+    A reset rank GETs ``rank_and_size/<host>:<slot>``: the driver records it ready
+    (blocking on its barrier until the world's ranks all have) and answers its new
+    ranks. A rank PUTs its notification server's addresses to ``worker_addresses``.
+    """
+
+    scopes = frozenset({GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES})
+
+    def __init__(self, driver: ElasticDriver) -> None:
+        self._driver = driver
+
+    def get(self, scope: str, key: str) -> bytes | None:
+        if scope != GET_RANK_AND_SIZE:
+            return None
+        host, slot = _host_slot(key)
+        self._driver.record_ready(host, slot)
+        return self._driver.get_slot_info(host, slot).to_response_string().encode("ascii")
+
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        if scope == PUT_WORKER_ADDRESSES:
+            host, slot = _host_slot(key)
+            addresses, secret_key = codec.loads_base64(value)
+            self._driver.register_worker_server(host, slot, addresses, secret_key)
+
+
+def _host_slot(key: str) -> tuple[str, int]:
+    host, _, slot = key.rpartition(":")
+    return host, int(slot)
+
+
 @dataclasses.dataclass
 class _Outcome:
     """What one run gathered from its slots' threads."""
@@ -271,13 +304,12 @@ class ElasticRun:
                     verbose=self._settings.verbose >= 2,
                 )
                 self._server = server = RendezvousServer(
-                    bind, [bind], self._settings.verbose, store=create_rendezvous_handler(driver)
+                    bind, [bind], self._settings.verbose, hooks=_DriverHooks(driver)
                 )
                 store.server = server
-                _, port = server.start([])
+                server.start([])
             self._common_env = {
-                "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.worker_address,
-                "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                **worker_env(server),
                 "HOROVOD_CONTROLLER": "gloo",
                 "HOROVOD_CPU_OPERATIONS": "gloo",
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(self._settings.timeout_s)),

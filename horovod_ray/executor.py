@@ -306,8 +306,14 @@ class RayExecutor:
         level = logging.INFO if self.settings.verbose >= 1 else logging.DEBUG
         if logger.isEnabledFor(level):
             host, port = started.rendezvous.address
+            phases = ", ".join(f"{name} {s:.2f}s" for name, s in started.start_s.items())
             logger.log(
-                level, "Horovod job started, rendezvous %s:%d\n%s", host, port, started.table()
+                level,
+                "Horovod job started (%s), rendezvous %s:%d\n%s",
+                phases,
+                host,
+                port,
+                started.table(),
             )
 
     # ------------------------------------------------------------------------ calls

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from typing import Any, Callable
 
 import ray
@@ -23,7 +24,7 @@ from horovod_ray.errors import PlacementTimeoutError, WorkerFailedError
 from horovod_ray.failures import describe, error_of
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
-from horovod_ray.rendezvous import ClusterRendezvous, RendezvousServer
+from horovod_ray.rendezvous import ClusterRendezvous, RendezvousServer, worker_env
 from horovod_ray.settings import Settings, WorkerLayout
 from horovod_ray.worker import RemoteWorker
 
@@ -60,6 +61,9 @@ class Job:
 
     members: tuple[Member, ...]
     held: Held
+    # Seconds start() spent reserving the group, starting the actors, and setting up
+    # the ranks' environments (the rendezvous server included).
+    start_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def actors(self) -> list[Any]:
@@ -97,7 +101,9 @@ def start(
     Records everything it takes in ``held`` (the caller releases it on failure). Calls
     ``check`` at every wait; whatever it raises ends the start.
     """
-    members = _place(settings, layout, plan, group, held, check)
+    start_s: dict[str, float] = {}
+    members = _place(settings, layout, plan, group, held, check, start_s)
+    began = time.perf_counter()
     envs = _environments(settings, members, held)
     setups = [
         m.actor.setup.remote({**env, **extra_env}, m.rank.world_rank == 0, executable)
@@ -105,7 +111,8 @@ def start(
     ]
     placement.wait_all(setups, math.inf, check)
     get_all(setups, what="set up its environment or build executable_cls", members=members)
-    return Job(members, held)
+    start_s["environment"] = time.perf_counter() - began
+    return Job(members, held, start_s)
 
 
 def _place(
@@ -115,14 +122,18 @@ def _place(
     group: PlacementGroup | None,
     held: Held,
     check: Callable[[], None],
+    start_s: dict[str, float],
 ) -> tuple[Member, ...]:
     """Reserves the group, starts one actor per slot; the ranks in world-rank order."""
     timeout_s = settings.placement_group_timeout_s
+    began = time.perf_counter()
     if plan.bundles:
         group = placement.reserve(plan, timeout_s, check=check)
         held.group, held.owns_group = group, True
     else:
         held.group = group
+    start_s["placement"] = time.perf_counter() - began
+    began = time.perf_counter()
     for bundle_index in plan.worker_bundles:
         strategy = PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=bundle_index
@@ -142,6 +153,7 @@ def _place(
             f"(bundles {group.bundle_specs}); give the group more room or fewer workers"
         )
     nodes: list[NodeFacts] = get_all(info_refs, what="report its node")
+    start_s["actors"] = time.perf_counter() - began
     infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
     members = (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True))
     return tuple(sorted(members, key=lambda m: m.rank.world_rank))
@@ -173,11 +185,9 @@ def _environments(
         )
     else:
         held.rendezvous = RendezvousServer(bind_address, allowed, settings.verbose)
-    _, port = held.rendezvous.start([m.rank for m in members])
+    held.rendezvous.start([m.rank for m in members])
     common = {
-        # host:port/<secret>: see rendezvous.py for why the secret rides here.
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": held.rendezvous.worker_address,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        **worker_env(held.rendezvous),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(settings.timeout_s)),

@@ -1,9 +1,9 @@
 """The job's Gloo rendezvous server: horovod's HTTP key-value store, locked down.
 
-Horovod's Gloo controller finds its peers through an HTTP store
-(``horovod.runner.http.http_server``): every rank PUTs its address under a scope
-(``global``, ``local_<host>``, ``cross_<local rank>``) and GETs the others'. horovod's own
-server listens on every interface and serves anyone. This one, built on the same classes:
+Horovod's Gloo controller finds its peers through an HTTP store: every rank publishes
+its addresses under a scope (``global``, ``local_<host>``, ``cross_<local rank>``) and
+reads the others'. horovod's own server (``horovod.runner.http.http_server``) listens on
+every interface, serves anyone, and starts a thread per request. This one:
 
 * binds one address only (loopback when the whole job is on the driver's node);
 * answers only the job's worker nodes (403 to any other source address);
@@ -13,125 +13,92 @@ server listens on every interface and serves anyone. This one, built on the same
   makes every request ``http://host:port/<secret>:PORT/<scope>/<key>``, so the secret
   travels in the path without changing horovod;
 * rejects malformed requests (bad paths, missing or oversized bodies) with 4xx;
+* answers batched requests (``POST <scope>/_mset``, ``POST <scope>/_mget``) for this
+  repository's horovod build (patches/horovod-0.28.1-rendezvous-batched.patch): a rank
+  publishes all its pair addresses in one request and waits for all of its peers' in
+  another, which the server holds until every key is there. Gloo's own sequence polls
+  every peer's key every 10 ms and reads every peer's whole address list: O(N^2)
+  requests and O(N^3) bytes per scope, against O(N) and O(N^2) here;
+* serves from one event loop with the largest listen backlog the kernel allows, so that
+  all ranks may connect at once (see _rendezvous_http.py);
 * remembers which ranks ever joined the global scope, so a stuck start can name the
   missing ranks;
-* closes its socket and joins its thread on :meth:`RendezvousServer.stop`.
+* closes its socket and ends its thread on :meth:`RendezvousServer.stop`.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import logging
-import re
 import secrets
+import socket
 import threading
 from typing import Any, Iterable, Sequence
 
 import ray
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from horovod_ray._rendezvous_http import (
+    BACKLOG,
+    BATCH_HOLD_S,
+    GLOBAL_SCOPE,
+    MAX_BATCH_BYTES,
+    MAX_BODY_BYTES,
+    STREAM_LIMIT_BYTES,
+    Hooks,
+    HttpFront,
+    Store,
+    Trace,
+)
+from horovod_ray._rendezvous_wire import pack_batch, pack_fields, unpack_batch, unpack_fields
 from horovod_ray.errors import RendezvousError
 from horovod_ray.ranks import RankInfo
+
+__all__ = [
+    "BATCH_ENV",
+    "BATCH_HOLD_S",
+    "GLOBAL_SCOPE",
+    "MAX_BATCH_BYTES",
+    "MAX_BODY_BYTES",
+    "ClusterRendezvous",
+    "Hooks",
+    "RendezvousServer",
+    "pack_batch",
+    "pack_fields",
+    "unpack_batch",
+    "unpack_fields",
+    "worker_env",
+]
 
 logger = logging.getLogger(__name__)
 
 # Longest the driver waits for the in-cluster rendezvous actor to answer a question.
 ACTOR_ANSWER_S = 5.0
-# Gloo stores short addresses; anything near this size is not a Gloo client.
-MAX_BODY_BYTES = 1 << 20
-_PATH = re.compile(r"^/([A-Za-z0-9_.:\-]{1,256})/([A-Za-z0-9_.:\-]{1,256})$")
-GLOBAL_SCOPE = "global"
+# Longest start(), init() and stop() wait for the server's event loop (which may be busy
+# for seconds answering thousands of ranks).
+LOOP_ANSWER_S = 60.0
+# Tells the workers' horovod that this server answers batched requests.
+BATCH_ENV = "HOROVOD_GLOO_RENDEZVOUS_BATCH"
 
 
-class _Handler(RendezvousHandler):
-    """Checks source address, path and body before horovod's store logic runs."""
-
-    server: _Server
-
-    def _admit(self, needs_body: bool = False) -> bool:
-        source = self.client_address[0]
-        if source not in self.server.allowed_sources:
-            logger.warning("rendezvous: refused a request from %s (not a worker node)", source)
-            self.send_status_code(403)
-            return False
-        prefix = self.server.path_prefix
-        presented = self.path[: len(prefix)]
-        if not hmac.compare_digest(presented.encode(), prefix.encode()):
-            logger.warning("rendezvous: refused a request from %s without the job secret", source)
-            self.send_status_code(403)
-            return False
-        # From here on horovod's handler sees the plain /<scope>/<key> path.
-        self.path = self.path[len(prefix) :]
-        if _PATH.match(self.path) is None:
-            self.send_status_code(400)
-            return False
-        if needs_body:
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                self.send_status_code(411)
-                return False
-            if int(length) > MAX_BODY_BYTES:
-                self.send_status_code(413)
-                self.close_connection = True
-                return False
-        return True
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-        if self._admit():
-            super().do_GET()
-
-    def do_PUT(self) -> None:  # noqa: N802
-        if self._admit(needs_body=True):
-            scope, key = _PATH.match(self.path).groups()
-            # Noted before the answer: a rank that got its 200 has joined for everyone.
-            if scope == GLOBAL_SCOPE:
-                self.server.note_join(key)
-            super().do_PUT()
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        if self._admit():
-            super().do_DELETE()
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.send_status_code(405)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self.send_status_code(405)
-
-    def send_error(self, code, message=None, explain=None) -> None:
-        # Unknown methods and unparsable request lines land here: answer without a body.
-        self.send_status_code(code)
-        self.close_connection = True
+def worker_env(server: RendezvousServer | ClusterRendezvous) -> dict[str, str]:
+    """The variables that point a rank's horovod at a started rendezvous server."""
+    return {
+        # host:port/<secret>: see the module docstring for why the secret rides here.
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": server.worker_address,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.address[1]),
+        BATCH_ENV: "1",
+    }
 
 
-class _Server(RendezvousHTTPServer):
-    # Request threads must never keep the driver alive or block stop().
-    daemon_threads = True
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        allowed_sources: Iterable[str],
-        verbose: bool,
-        handler: type[_Handler] = _Handler,
-    ) -> None:
-        super().__init__(address, handler, verbose)
-        # Replaced whole (never mutated) when an elastic job's new node is let in.
-        self.allowed_sources = frozenset(allowed_sources)
-        # Made per server, never at import; only the workers' environment carries it.
-        self.secret = secrets.token_urlsafe(32)
-        self.path_prefix = f"/{self.secret}:{self.server_address[1]}"
-        self.joined_lock = threading.Lock()
-        self.joined: set[str] = set()
-
-    def note_join(self, key: str) -> None:
-        with self.joined_lock:
-            self.joined.add(key)
-
-    def handle_error(self, request, client_address) -> None:
-        # A client that hangs up mid-request is not worth a traceback on the driver.
-        logger.debug("rendezvous: request from %s failed", client_address, exc_info=True)
+def scope_sizes(ranks: Sequence[RankInfo]) -> dict[str, int]:
+    """Members of each scope the ranks meet in, as horovod's scope names go."""
+    sizes = {}
+    for info in ranks:
+        sizes[GLOBAL_SCOPE] = info.world_size
+        sizes[f"local_{info.node_id}"] = info.local_size
+        sizes[f"cross_{info.local_rank}"] = info.cross_size
+    return sizes
 
 
 class RendezvousServer:
@@ -140,7 +107,10 @@ class RendezvousServer:
     Args:
         bind_address: The single address to listen on.
         allowed_sources: Source addresses allowed to talk to it (the workers' node IPs).
-        verbose: >= 2 makes horovod's store log every scope change.
+        verbose: Accepted for horovod's signature; the store logs at DEBUG.
+        hooks: Scopes a driver answers itself (an elastic job's driver), or None.
+        trace: Called with (method, scope, key, status, answer bytes) for each request
+            answered, on the server's thread; for benchmarks and tests.
     """
 
     def __init__(
@@ -148,29 +118,34 @@ class RendezvousServer:
         bind_address: str,
         allowed_sources: Iterable[str],
         verbose: int = 0,
-        store: type[RendezvousHandler] | None = None,
+        hooks: Hooks | None = None,
+        trace: Trace | None = None,
     ):
         self._bind_address = bind_address
         self._allowed = tuple(allowed_sources)
-        self._verbose = verbose
-        # horovod's store logic: the static one, or the elastic driver's (rank_and_size).
-        self._handler = _Handler if store is None else type("_Handler", (_Handler, store), {})
-        self._server: _Server | None = None
+        self._hooks = hooks
+        self._trace = trace
+        self._store = Store()
+        self._stop_lock = threading.Lock()
+        self._front: HttpFront | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._listening: asyncio.base_events.Server | None = None
+        self._address: tuple[str, int] | None = None
+        self._secret = ""
 
     @property
     def worker_address(self) -> str:
         """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
         host, port = self.address
-        return f"{host}:{port}/{self._server.secret}"
+        return f"{host}:{port}/{self._secret}"
 
     @property
     def address(self) -> tuple[str, int]:
         """(host, port) the workers connect to."""
-        if self._server is None:
+        if self._address is None:
             raise RendezvousError("the rendezvous server is not running")
-        host, port = self._server.server_address[:2]
-        return host, port
+        return self._address
 
     def start(self, ranks: Sequence[RankInfo]) -> tuple[str, int]:
         """Binds, starts serving, and registers the job's scopes.
@@ -183,59 +158,118 @@ class RendezvousServer:
             (host, port) it listens on; the workers need :attr:`worker_address` too.
 
         Raises:
-            RendezvousError: The address could not be bound.
+            RendezvousError: The address could not be bound, or the server not started.
         """
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            server = _Server(
-                (self._bind_address, 0), self._allowed, self._verbose >= 2, self._handler
-            )
+            listener.bind((self._bind_address, 0))
+            listener.listen(BACKLOG)
         except OSError as err:
+            listener.close()
             raise RendezvousError(
                 f"could not start the rendezvous server on {self._bind_address}: {err}"
             ) from err
-        for info in ranks:
-            server.scope_size[GLOBAL_SCOPE] = info.world_size
-            server.scope_size[f"local_{info.node_id}"] = info.local_size
-            server.scope_size[f"cross_{info.local_rank}"] = info.cross_size
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.1},
-            name="horovod_ray-rendezvous",
-            daemon=True,
+        host, port = listener.getsockname()[:2]
+        # Made per server, never at import; only the workers' environment carries it.
+        self._secret = secrets.token_urlsafe(32)
+        self._store.register(scope_sizes(ranks))
+        front = HttpFront(
+            self._store, f"/{self._secret}:{port}", self._allowed, self._hooks, self._trace
         )
+        loop = asyncio.new_event_loop()
+        ready: dict[str, Any] = {}
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                ready["server"] = loop.run_until_complete(
+                    asyncio.start_server(
+                        front.handle, sock=listener, limit=STREAM_LIMIT_BYTES, backlog=BACKLOG
+                    )
+                )
+            except BaseException as err:  # noqa: BLE001 - handed to start()
+                ready["error"] = err
+                started.set()
+                return
+            started.set()
+            loop.run_forever()
+
+        thread = threading.Thread(target=serve, name="horovod_ray-rendezvous", daemon=True)
         thread.start()
-        self._server, self._thread = server, thread
-        logger.debug("rendezvous server listening on %s:%d", *self.address)
-        return self.address
+        if not started.wait(LOOP_ANSWER_S) or "error" in ready:
+            listener.close()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(LOOP_ANSWER_S)
+            if not loop.is_running():
+                loop.close()
+            raise RendezvousError(
+                f"the rendezvous server did not start: {ready.get('error', 'no answer')}"
+            )
+        self._listening = ready["server"]
+        self._front, self._loop, self._thread = front, loop, thread
+        self._address = (host, port)
+        logger.debug("rendezvous server listening on %s:%d", host, port)
+        return self._address
 
     def allow(self, address: str) -> None:
         """Lets one more source address in (a node that joined an elastic job)."""
-        server = self._server
-        if server is not None and address not in server.allowed_sources:
-            server.allowed_sources = server.allowed_sources | {address}
+        front = self._front
+        if front is not None and address not in front.allowed_sources:
+            front.allow(address)
 
     def init(self, host_alloc_plan: Sequence[Any]) -> None:
         """A new world (elastic jobs): clears the store and sets the new scope sizes."""
-        if self._server is not None:
-            self._server.init(host_alloc_plan)
+        sizes = {}
+        for slot in host_alloc_plan:
+            sizes[GLOBAL_SCOPE] = slot.size
+            sizes[f"local_{slot.hostname}"] = slot.local_size
+            sizes[f"cross_{slot.local_rank}"] = slot.cross_size
+        self._on_loop(self._store.register, sizes)
 
     def joined_ranks(self) -> set[int]:
         """World ranks that have ever published their address in the global scope."""
-        if self._server is None:
-            return set()
-        with self._server.joined_lock:
-            return {int(key) for key in self._server.joined if key.isdigit()}
+        return self._store.joined()
+
+    def held_reads(self) -> int:
+        """Batched reads the server holds now, waiting for their keys."""
+        return self._on_loop(self._store.held)
+
+    def _on_loop(self, call, *args):
+        """Runs a store call on the server's thread (the store's only writer)."""
+        loop = self._loop
+        if loop is None:
+            return call(*args)
+
+        async def run():
+            return call(*args)
+
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(LOOP_ANSWER_S)
 
     def stop(self) -> None:
-        """Stops serving and closes the socket. Safe to call more than once."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is None:
+        """Stops serving and closes the socket; requests in flight are dropped. Safe to
+        call more than once."""
+        with self._stop_lock:
+            loop, thread, front, listening = self._loop, self._thread, self._front, self._listening
+            self._loop = self._thread = self._front = self._listening = self._address = None
+        if loop is None:
             return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join()
+
+        async def close() -> None:
+            listening.close()
+            self._store.release_waiters()
+            await front.cancel_all()
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), loop).result(LOOP_ANSWER_S)
+        except Exception:  # noqa: BLE001 - the loop is stopped below all the same
+            logger.warning("rendezvous server did not close cleanly", exc_info=True)
+        finally:
+            listening.close()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(LOOP_ANSWER_S)
+            if not loop.is_running():
+                loop.close()
 
 
 class _RendezvousHost:

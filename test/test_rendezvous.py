@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import http.client
 import socket
+import struct
+import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 
 from horovod_ray import RendezvousError
 from horovod_ray.network import local_interfaces
 from horovod_ray.ranks import WorkerRecord, assign_ranks
-from horovod_ray.rendezvous import MAX_BODY_BYTES, RendezvousServer
+from horovod_ray.rendezvous import (
+    MAX_BATCH_BYTES,
+    MAX_BODY_BYTES,
+    RendezvousServer,
+    pack_batch,
+    pack_fields,
+    unpack_fields,
+)
 
 RANKS = assign_ranks([WorkerRecord("node-a"), WorkerRecord("node-a")])
 
@@ -50,13 +60,13 @@ def test_a_join_is_noted_before_the_rank_hears_back(server, monkeypatch):
     first and noted the join after. A slow note now holds the answer back instead."""
     from horovod_ray import rendezvous
 
-    note_join = rendezvous._Server.note_join
+    note_join = rendezvous.Store.note_join
 
-    def slow_note_join(self, key: str) -> None:
+    def slow_note_join(self, rank: int) -> None:
         threading.Event().wait(0.3)
-        note_join(self, key)
+        note_join(self, rank)
 
-    monkeypatch.setattr(rendezvous._Server, "note_join", slow_note_join)
+    monkeypatch.setattr(rendezvous.Store, "note_join", slow_note_join)
     assert _request(server, "PUT", "/global/1", body=b"addr-of-1")[0] == 200
     assert server.joined_ranks() == {1}
 
@@ -79,6 +89,11 @@ def test_other_source_address_gets_403_and_changes_nothing(server):
         ("PUT", "/global/0", None, {"Content-Length": "abc"}, 411),
         ("PUT", "/global/0", None, {"Content-Length": str(MAX_BODY_BYTES + 1)}, 413),
         ("POST", "/global/0", b"x", None, 405),
+        ("POST", "/global/_mget", None, {"Content-Length": str(MAX_BATCH_BYTES + 1)}, 413),
+        ("POST", "/global/_mget", b"\x00\x00\x00\x09abc", None, 400),
+        ("POST", "/global/_mset", pack_batch(["key-without-value"]), None, 400),
+        ("POST", "/global/_mget", pack_batch(["k"], [b"a", b"b"]), None, 400),
+        ("POST", "/global/_mget", pack_fields([b"\xff"]), None, 400),
         ("PATCH", "/global/0", b"x", None, 501),
     ],
 )
@@ -94,7 +109,137 @@ def test_requests_without_the_secret_get_403(server):
     assert _request(server, "PUT", "/global/0", body=b"x")[0] == 200
     assert _request(server, "GET", "/global/0", secret=False)[0] == 403
     assert _request(server, "PUT", "/global/0", body=b"evil", secret=False)[0] == 403
+    evil = pack_batch(["rank_5"], [b"evil"])
+    assert _request(server, "POST", "/global/_mset", body=evil, secret=False)[0] == 403
+    assert _request(server, "POST", "/global/_mset", body=evil, source="127.0.0.2")[0] == 403
+    asked = pack_batch(["rank_0"])
+    assert _request(server, "POST", "/global/_mget", body=asked, secret=False)[0] == 403
+    assert _request(server, "POST", "/global/_mget", body=asked, source="127.0.0.2")[0] == 403
     assert _request(server, "GET", "/global/0") == (200, b"x")
+    assert server.joined_ranks() == {0}  # rank 5's refused batch did not count
+
+
+def test_fields_round_trip_and_truncation_is_refused():
+    fields = [b"", b"rank_0", bytes(range(256)) * 3]
+    assert unpack_fields(pack_fields(fields)) == fields
+    for cut in (1, 5, len(pack_fields(fields)) - 1):
+        with pytest.raises(ValueError, match="truncated"):
+            unpack_fields(pack_fields(fields)[:cut])
+
+
+def test_batched_set_then_get_answers_the_values_in_the_order_asked(server):
+    # Rank 1 of 3: its host name, and its address list (one 5-byte address per peer).
+    body = pack_batch(["rank_1", "1"], [b"host-b", b"for-0for-2"])
+    assert _request(server, "POST", "/global/_mset", body=body) == (200, b"")
+    status, answer = _request(server, "POST", "/global/_mget", body=pack_batch(["1", "rank_1"]))
+    assert (status, unpack_fields(answer)) == (200, [b"for-0for-2", b"host-b"])
+    # The per-key API sees the same store, and the batch counted as rank 1's join.
+    assert _request(server, "GET", "/global/1") == (200, b"for-0for-2")
+    assert server.joined_ranks() == {1}
+
+
+def _cuts(*parts: tuple[int, int]) -> bytes:
+    return struct.pack(f">{2 * len(parts)}I", *(n for part in parts for n in part))
+
+
+def test_a_batched_get_answers_only_the_part_each_key_was_asked_for(server):
+    """Rank 2 reads from rank 1's list only the address rank 1 has for it: part 1 of 2.
+    That makes a scope's reads O(N^2) bytes instead of O(N^3)."""
+    body = pack_batch(["rank_1", "1"], [b"host-b", b"for-0for-2"])
+    assert _request(server, "POST", "/global/_mset", body=body)[0] == 200
+    asked = pack_batch(["rank_1", "1"], [_cuts((0, 0), (1, 2))])
+    status, answer = _request(server, "POST", "/global/_mget", body=asked)
+    assert (status, unpack_fields(answer)) == (200, [b"host-b", b"for-2"])
+    for bad in (_cuts((0, 0), (2, 2)), _cuts((0, 0), (0, 3)), _cuts((0, 0))):
+        asked = pack_batch(["rank_1", "1"], [bad])
+        assert _request(server, "POST", "/global/_mget", body=asked)[0] == 400
+
+
+def test_a_batched_get_is_held_until_its_last_key_arrives(server):
+    """One request per rank, not a poll every 10 ms: the answer leaves the moment the
+    last key is set, whether by a batch or by a plain PUT."""
+    answers = []
+    asked = pack_batch(["a", "b"])
+    reader = threading.Thread(
+        target=lambda: answers.append(_request(server, "POST", "/global/_mget", body=asked))
+    )
+    reader.start()
+    assert _request(server, "POST", "/global/_mset", body=pack_batch(["a"], [b"1"]))[0] == 200
+    reader.join(0.5)
+    assert reader.is_alive()  # still held: "b" is missing
+    assert _request(server, "PUT", "/global/b", body=b"2")[0] == 200
+    reader.join(5)
+    assert not reader.is_alive()
+    assert [(s, unpack_fields(body)) for s, body in answers] == [(200, [b"1", b"2"])]
+
+
+def test_a_batched_get_answers_404_after_its_hold_and_leaves_no_waiter(server, monkeypatch):
+    from horovod_ray import _rendezvous_http
+
+    monkeypatch.setattr(_rendezvous_http, "BATCH_HOLD_S", 0.2)
+    asked = pack_batch(["never", "set"])
+    assert _request(server, "POST", "/global/_mget", body=asked) == (404, b"")
+    assert server.held_reads() == 0
+
+
+def test_stop_answers_held_batched_gets_at_once():
+    server = RendezvousServer("127.0.0.1", {"127.0.0.1"})
+    server.start(RANKS)
+    answers = []
+    reader = threading.Thread(
+        target=lambda: answers.append(
+            _request(server, "POST", "/global/_mget", body=pack_batch(["k"]))
+        )
+    )
+    try:
+        reader.start()
+        threading.Event().wait(0.2)
+    finally:
+        server.stop()
+    reader.join(1.5)  # well before the 10 s hold would have ended
+    assert not reader.is_alive()
+    assert answers in ([(404, b"")], [])  # answered, or its connection closed by stop
+
+
+def test_a_batched_get_may_name_a_key_twice(server):
+    answers = []
+    asked = pack_batch(["k", "k"])
+    reader = threading.Thread(
+        target=lambda: answers.append(_request(server, "POST", "/global/_mget", body=asked))
+    )
+    reader.start()
+    assert _request(server, "PUT", "/global/k", body=b"v")[0] == 200
+    reader.join(5)  # not held until the end of its hold: the one key counts once
+    assert [(s, unpack_fields(body)) for s, body in answers] == [(200, [b"v", b"v"])]
+
+
+def test_stop_drops_connections_that_have_sent_nothing_yet():
+    """horovod's client has no read timeout: a connection left open by stop() would hold
+    its rank until the process ends."""
+    server = RendezvousServer("127.0.0.1", {"127.0.0.1"})
+    server.start(RANKS)
+    idle = [socket.create_connection(server.address, timeout=5) for _ in range(3)]
+    try:
+        threading.Event().wait(0.2)
+        server.stop()
+        for sock in idle:
+            assert sock.recv(100) == b""  # closed by the server, not timed out
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_listens_with_a_backlog_for_a_whole_job_at_once(server):
+    """With the stdlib's backlog of 5, ranks knocking at once were dropped and waited
+    out SYN retransmits (1 s, 3 s, 7 s...): 57 s for hvd.init of 32 ranks."""
+    port = server.address[1]
+    # For a listening socket, ss's Send-Q column is its accept queue's limit: what
+    # listen() asked for, capped by net.core.somaxconn.
+    listening = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert int(listening[2]) == min(socket.SOMAXCONN, somaxconn) > 100
 
 
 def test_each_server_has_its_own_secret(server):

@@ -39,7 +39,7 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 
 import ray  # noqa: E402
 
-from bench import workloads  # noqa: E402
+from bench import scale, workloads  # noqa: E402
 from horovod_ray import local_ray  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +63,10 @@ class Mode:
     b6_reps: int  # B6 across simulated hosts: each repetition starts a driver there
     b6e_reps: int
     script_reps: int  # B7 and B8: whole scripts, each a few seconds
+    scale_sizes: tuple[int, ...]  # --only scale: simulated ranks (see bench/scale.py)
+    scale_reps: int
+    scale_deadline_s: float  # a rendezvous still going then is recorded as bound
+    scale_start_sizes: tuple[int, ...]  # --only scale_start: real ranks on 2 Ray nodes
 
 
 MODES = {
@@ -70,16 +74,20 @@ MODES = {
         reps=5, b1_bytes=64 << 20, b1_iters=40, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
         b4_trials=8, b4_reps=2, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
         b5_reps=1, b6_reps=3, b6e_reps=3, script_reps=3,
+        scale_sizes=(64, 256, 1024, 4096), scale_reps=3, scale_deadline_s=60,
+        scale_start_sizes=(8, 16, 32),
     ),
     "quick": Mode(
         reps=2, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,), b3_calls=100,
         b4_trials=4, b4_reps=1, b5_points=(), b5_reps=1, b6_reps=2, b6e_reps=1,
-        script_reps=2,
+        script_reps=2, scale_sizes=(64, 256, 1024, 4096), scale_reps=1, scale_deadline_s=60,
+        scale_start_sizes=(8, 16, 32),
     ),
     "smoke": Mode(
         reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,
         b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1, b6_reps=1, b6e_reps=1,
-        script_reps=1,
+        script_reps=1, scale_sizes=(16, 64), scale_reps=1, scale_deadline_s=20,
+        scale_start_sizes=(4,),
     ),
 }  # fmt: skip
 
@@ -982,9 +990,13 @@ def main(argv: list[str] | None = None) -> int:
     part("b7+b8", scripts, mode, "b7" in only, "b8" in only)
     # After the shutdown: the local Ray would otherwise idle beside the two hosts.
     part("b6", b6, mode, may_install)
+    part("scale", scale.measure, mode.scale_reps, mode.scale_deadline_s, mode.scale_sizes)
+    part("scale_start", scale.start_path, mode.scale_start_sizes, mode.scale_reps)
     results["parts_s"] = parts_s
     results["wall_s"] = time.perf_counter() - started
     results["plots"] = plot(results, out_path.parent)
+    if "scale_by_way" in results:
+        results["plots"].append(scale.plot(results, out_path.parent))
     out_path.write_text(json.dumps(results, indent=2))
     print_table(results)
     print(f"\nwrote {out_path} and {len(results['plots'])} plot(s) in {results['wall_s']:.0f}s")

@@ -23,17 +23,22 @@ def _numbers(value) -> list[float]:
     return [value] if isinstance(value, (int, float)) else []
 
 
-def test_smoke_pass_produces_every_figure(tmp_path):
+def _smoke(tmp_path, *args: str, timeout_s: float) -> tuple[dict, str]:
+    """The runner's figures and printout after ``--mode smoke`` with ``args``."""
     out = tmp_path / "latest.json"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--mode", "smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench.run", "--mode", "smoke", *args, "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=880,
+        timeout=timeout_s,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    figures = json.loads(out.read_text())
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_smoke_pass_produces_every_figure(tmp_path):
+    figures, printed = _smoke(tmp_path, timeout_s=880)
     for key in (
         "b1_allreduce_mbps",
         "b1_ratio_vs_horovodrun",
@@ -67,4 +72,22 @@ def test_smoke_pass_produces_every_figure(tmp_path):
     assert figures.get("b6_skipped") or _numbers(figures["b6_allreduce_mbps"]["horovod_ray"])
     for plot in figures["plots"]:
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "== results" in result.stdout
+    assert "== results" in printed
+
+
+def test_scale_smoke_pass_produces_its_figures(tmp_path):
+    """``--only scale,scale_start``: the rendezvous harness at 16 and 64 simulated ranks
+    (each way), and a real 4-rank job's start; figures, not timings, are checked."""
+    figures, _ = _smoke(tmp_path, "--only", "scale,scale_start", timeout_s=600)
+    assert set(figures["scale_rendezvous_s"]) == {"16", "64"}
+    assert figures["scale_rendezvous_finished"] == {"16": True, "64": True}
+    # Batched: three requests per rank (set, held get, closing DELETE) when no get had
+    # to be asked again; O(N^2) bytes: 16x the megabytes at 4x the ranks (O(N^3): 64x).
+    assert 3 * 64 <= figures["scale_requests"]["64"] <= 4 * 64
+    assert 8 < figures["scale_mbytes"]["64"] / figures["scale_mbytes"]["16"] < 32
+    for way in ("stock", "backlog"):
+        assert _numbers(figures["scale_by_way"][way]["seconds"])
+    steps = figures["scale_start_s"]["4"]
+    assert set(steps) >= {"placement", "actors", "environment", "rendezvous", "first_collective"}
+    assert all(math.isfinite(s) and s >= 0 for s in steps.values())
+    assert (tmp_path / "scale_rendezvous.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,16 +8,12 @@ asyncio loop accepts, parses and answers every request, and a batched read that 
 for its keys is a future, not a parked thread. Only the elastic driver's hooks, which
 block on the driver's barrier, get a thread each, as before.
 
-The store keeps horovod's semantics: keys under scopes; a registered scope (global,
-local_<host>, cross_<local rank>) is cleared once each of its members has sent its
-closing DELETE (horovod cleared every scope's count there, so a scope could keep stale
-keys into the next ``hvd.init``); an unregistered scope drops the deleted key.
+The keys themselves live in ``_rendezvous_store.Store``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hmac
 import http
@@ -25,8 +21,9 @@ import logging
 import re
 import socket
 import threading
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol
 
+from horovod_ray._rendezvous_store import GLOBAL_SCOPE, Store
 from horovod_ray._rendezvous_wire import cut_parts, pack_fields, unpack_batch
 
 logger = logging.getLogger("horovod_ray.rendezvous")
@@ -35,10 +32,6 @@ logger = logging.getLogger("horovod_ray.rendezvous")
 MAX_BODY_BYTES = 1 << 20
 # A batched request carries one ~150-byte address per peer: 16 MiB is ~100k ranks.
 MAX_BATCH_BYTES = 16 << 20
-# Longest a batched read is held waiting for its keys; the client then asks again
-# (until its Gloo timeout). Each ask costs a scan of its keys: with 2 s, a 4096-rank
-# scope was asked again some 6,000 times.
-BATCH_HOLD_S = 10.0
 # Connections the listening socket queues: as many as the kernel allows
 # (net.core.somaxconn, 4096 on current Linux), so that a whole job's ranks may knock at
 # once; an unused slot costs nothing. With the stdlib's 5, a 32-rank start lost tens of
@@ -51,7 +44,6 @@ STRANGER_READ_S = 1.0
 # the socket: a batched body of 4096 ranks (550 kB) then arrives in one go, not in
 # 32 kB steps.
 STREAM_LIMIT_BYTES = 1 << 20
-GLOBAL_SCOPE = "global"
 _PATH = re.compile(r"^/([A-Za-z0-9_.:\-]{1,256})/([A-Za-z0-9_.:\-]{1,256})$")
 _BATCH_KEYS = ("_mset", "_mget")
 _KNOWN_METHODS = {"GET", "PUT", "DELETE", "POST", "HEAD"}
@@ -70,130 +62,6 @@ class Hooks(Protocol):
 
     def put(self, scope: str, key: str, value: bytes) -> None:
         """Sees a PUT before the store keeps it; may block."""
-
-
-# --------------------------------------------------------------------------- the store
-
-
-class _Waiter:
-    """A held batched read: its future resolves when the last of its keys arrives."""
-
-    __slots__ = ("missing", "future")
-
-    def __init__(self, missing: int, future: asyncio.Future) -> None:
-        self.missing = missing
-        self.future = future
-
-
-class Store:
-    """Scopes of keys. Only the event loop's thread touches it, except :meth:`joined`."""
-
-    def __init__(self) -> None:
-        self.scopes: dict[str, dict[str, bytes]] = {}
-        self.scope_size: dict[str, int] = {}
-        self._finished: dict[str, set[str]] = collections.defaultdict(set)
-        # scope -> key -> batched reads held until that key arrives (by id, so that a
-        # read given up on leaves in O(1)).
-        self._waiters: dict[str, dict[str, dict[int, _Waiter]]] = {}
-        self._joined_lock = threading.Lock()
-        self._joined: set[int] = set()
-
-    def register(self, scope_size: dict[str, int]) -> None:
-        """A new world: every key goes, held reads are answered, scope sizes are set."""
-        self.scopes.clear()
-        self._finished.clear()
-        self.scope_size = dict(scope_size)
-        self.release_waiters()
-
-    def note_join(self, rank: int) -> None:
-        with self._joined_lock:
-            self._joined.add(rank)
-
-    def joined(self) -> set[int]:
-        with self._joined_lock:
-            return set(self._joined)
-
-    def get(self, scope: str, key: str) -> bytes | None:
-        return self.scopes.get(scope, {}).get(key)
-
-    def put(self, scope: str, keys: Sequence[str], values: Sequence[bytes]) -> None:
-        """Stores keys and wakes the reads that were waiting for them."""
-        self.scopes.setdefault(scope, {}).update(zip(keys, values, strict=True))
-        waiters = self._waiters.get(scope)
-        if not waiters:
-            return
-        for key in waiters.keys() & set(keys):
-            for waiter in waiters.pop(key).values():
-                waiter.missing -= 1
-                if waiter.missing == 0 and not waiter.future.done():
-                    waiter.future.set_result(True)
-
-    def delete(self, scope: str, key: str) -> None:
-        """A member's closing DELETE (registered scopes) or a key's removal (others)."""
-        if scope in self.scope_size:
-            finished = self._finished[scope]
-            finished.add(key)
-            if len(finished) >= self.scope_size[scope]:
-                self.scopes.pop(scope, None)
-                del self._finished[scope]
-                logger.debug("rendezvous: scope %s cleared", scope)
-            return
-        values = self.scopes.get(scope)
-        if values is not None:
-            values.pop(key, None)
-            if not values:
-                del self.scopes[scope]
-
-    async def get_many(self, scope: str, keys: list[str]) -> list[bytes] | None:
-        """The keys' values once all are present; None if some are still missing after
-        BATCH_HOLD_S (the client asks again)."""
-        values = self.scopes.get(scope, {})
-        # Each key once: a key asked for twice arrives once.
-        missing = list(dict.fromkeys(key for key in keys if key not in values))
-        if missing:
-            waiter = _Waiter(len(missing), asyncio.get_running_loop().create_future())
-            waiters = self._waiters.setdefault(scope, {})
-            for key in missing:
-                waiters.setdefault(key, {})[id(waiter)] = waiter
-            try:
-                complete = await asyncio.wait_for(waiter.future, BATCH_HOLD_S)
-            except TimeoutError:
-                complete = False
-            if not complete:
-                self._forget(scope, missing, waiter)
-                return None
-            values = self.scopes.get(scope, {})
-        try:
-            return [values[key] for key in keys]
-        except KeyError:  # the scope was cleared meanwhile (a new elastic world)
-            return None
-
-    def _forget(self, scope: str, keys: Iterable[str], waiter: _Waiter) -> None:
-        # A read given up on leaves the index, so nothing grows between a client's asks.
-        waiters = self._waiters.get(scope, {})
-        for key in keys:
-            held = waiters.get(key)
-            if held is not None and held.pop(id(waiter), None) is not None and not held:
-                del waiters[key]
-        if not waiters:
-            self._waiters.pop(scope, None)
-
-    def release_waiters(self) -> None:
-        """Ends every held read now: a new elastic world (each is answered 404, and
-        asked again), or stop (whose connections are then dropped)."""
-        held, self._waiters = self._waiters, {}
-        for waiters in held.values():
-            for queue in waiters.values():
-                for waiter in queue.values():
-                    if not waiter.future.done():
-                        waiter.future.set_result(False)
-
-    def held(self) -> int:
-        """Batched reads waiting now (for tests and logs)."""
-        return len({held for ws in self._waiters.values() for q in ws.values() for held in q})
-
-
-# --------------------------------------------------------------------------- HTTP front
 
 
 class _RefusedError(Exception):

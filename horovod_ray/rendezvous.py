@@ -40,16 +40,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray._rendezvous_http import (
     BACKLOG,
-    BATCH_HOLD_S,
-    GLOBAL_SCOPE,
     MAX_BATCH_BYTES,
     MAX_BODY_BYTES,
     STREAM_LIMIT_BYTES,
     Hooks,
     HttpFront,
-    Store,
     Trace,
 )
+from horovod_ray._rendezvous_store import BATCH_HOLD_S, GLOBAL_SCOPE, Store
 from horovod_ray._rendezvous_wire import pack_batch, pack_fields, unpack_batch, unpack_fields
 from horovod_ray.errors import RendezvousError
 from horovod_ray.ranks import RankInfo
@@ -91,13 +89,17 @@ def worker_env(server: RendezvousServer | ClusterRendezvous) -> dict[str, str]:
     }
 
 
-def scope_sizes(ranks: Sequence[RankInfo]) -> dict[str, int]:
-    """Members of each scope the ranks meet in, as horovod's scope names go."""
+def scope_sizes(slots: Iterable[tuple[str, int, int, int, int]]) -> dict[str, int]:
+    """Members of each scope the ranks meet in, as horovod's scope names go.
+
+    Args:
+        slots: (host, local rank, size, local size, cross size) of each rank.
+    """
     sizes = {}
-    for info in ranks:
-        sizes[GLOBAL_SCOPE] = info.world_size
-        sizes[f"local_{info.node_id}"] = info.local_size
-        sizes[f"cross_{info.local_rank}"] = info.cross_size
+    for host, local_rank, size, local_size, cross_size in slots:
+        sizes[GLOBAL_SCOPE] = size
+        sizes[f"local_{host}"] = local_size
+        sizes[f"cross_{local_rank}"] = cross_size
     return sizes
 
 
@@ -107,7 +109,7 @@ class RendezvousServer:
     Args:
         bind_address: The single address to listen on.
         allowed_sources: Source addresses allowed to talk to it (the workers' node IPs).
-        verbose: Accepted for horovod's signature; the store logs at DEBUG.
+        verbose: >= 2 logs every scope change at INFO (else DEBUG).
         hooks: Scopes a driver answers itself (an elastic job's driver), or None.
         trace: Called with (method, scope, key, status, answer bytes) for each request
             answered, on the server's thread; for benchmarks and tests.
@@ -125,7 +127,7 @@ class RendezvousServer:
         self._allowed = tuple(allowed_sources)
         self._hooks = hooks
         self._trace = trace
-        self._store = Store()
+        self._store = Store(verbose=verbose >= 2)
         self._stop_lock = threading.Lock()
         self._front: HttpFront | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,7 +174,11 @@ class RendezvousServer:
         host, port = listener.getsockname()[:2]
         # Made per server, never at import; only the workers' environment carries it.
         self._secret = secrets.token_urlsafe(32)
-        self._store.register(scope_sizes(ranks))
+        self._store.register(
+            scope_sizes(
+                (r.node_id, r.local_rank, r.world_size, r.local_size, r.cross_size) for r in ranks
+            )
+        )
         front = HttpFront(
             self._store, f"/{self._secret}:{port}", self._allowed, self._hooks, self._trace
         )
@@ -220,11 +226,9 @@ class RendezvousServer:
 
     def init(self, host_alloc_plan: Sequence[Any]) -> None:
         """A new world (elastic jobs): clears the store and sets the new scope sizes."""
-        sizes = {}
-        for slot in host_alloc_plan:
-            sizes[GLOBAL_SCOPE] = slot.size
-            sizes[f"local_{slot.hostname}"] = slot.local_size
-            sizes[f"cross_{slot.local_rank}"] = slot.cross_size
+        sizes = scope_sizes(
+            (s.hostname, s.local_rank, s.size, s.local_size, s.cross_size) for s in host_alloc_plan
+        )
         self._on_loop(self._store.register, sizes)
 
     def joined_ranks(self) -> set[int]:

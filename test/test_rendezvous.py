@@ -174,9 +174,9 @@ def test_a_batched_get_is_held_until_its_last_key_arrives(server):
 
 
 def test_a_batched_get_answers_404_after_its_hold_and_leaves_no_waiter(server, monkeypatch):
-    from horovod_ray import _rendezvous_http
+    from horovod_ray import _rendezvous_store
 
-    monkeypatch.setattr(_rendezvous_http, "BATCH_HOLD_S", 0.2)
+    monkeypatch.setattr(_rendezvous_store, "BATCH_HOLD_S", 0.2)
     asked = pack_batch(["never", "set"])
     assert _request(server, "POST", "/global/_mget", body=asked) == (404, b"")
     assert server.held_reads() == 0
@@ -333,3 +333,21 @@ def test_cluster_rendezvous_that_cannot_bind_says_so_and_leaves_no_actor(ray_4cp
     with pytest.raises(RendezvousError, match="could not start the rendezvous server"):
         server.start(RANKS)
     server.stop()  # what start() took is given back as release() would
+
+
+def test_verbose_2_logs_each_scope_change_at_info(caplog):
+    """``verbose`` reaches the store (horovod's server logged scope changes at >= 2)."""
+    import logging
+
+    for verbose, level in ((2, logging.INFO), (0, logging.DEBUG)):
+        caplog.clear()
+        server = RendezvousServer("127.0.0.1", {"127.0.0.1"}, verbose=verbose)
+        with caplog.at_level(logging.DEBUG, logger="horovod_ray.rendezvous"):
+            server.start(RANKS)
+            try:
+                for rank in ("0", "1"):
+                    _request(server, "DELETE", f"/global/{rank}")
+            finally:
+                server.stop()
+        cleared = [r for r in caplog.records if "scope global cleared" in r.getMessage()]
+        assert [r.levelno for r in cleared] == [level]

@@ -1,44 +1,60 @@
 # Every target does every step it needs on a fresh machine (Python 3.11, a C++ compiler, CMake).
 PYTHON ?= python3.11
+# The TensorFlow line: 2.21 (the default: today's TensorFlow, Keras 3) or 2.15 (the 2023 line,
+# Keras 2). Each line has its own constraints and its own environment, so both can stand side by side.
+TF ?= 2.21
+ifeq ($(TF),2.21)
 VENV := .venv
+CONSTRAINTS := constraints.txt
+TF_PACKAGES := tensorflow-cpu keras
+TF_EXTRA := tensorflow
+else ifeq ($(TF),2.15)
+VENV := .venv-tf2.15
+CONSTRAINTS := constraints-tf2.15.txt
+TF_PACKAGES := tensorflow-cpu
+TF_EXTRA := tensorflow-2023
+else
+$(error TF=$(TF) is not a supported TensorFlow line: use TF=2.21 (the default, Keras 3) or TF=2.15 (Keras 2))
+endif
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Rebuilt only when what it depends on changes; a ready machine skips straight to the check.
 STAMP := $(VENV)/.installed
 HOROVOD_STAMP := $(VENV)/.horovod
 HOROVOD_VERSION := 0.28.1
-HOROVOD_SRC := build/horovod-$(HOROVOD_VERSION)
+HOROVOD_BUILD := build/tf$(TF)
+HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
 HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: install test demo lint bench bench-quick native clean
+.PHONY: install test test-suite test-2023 test-subset demo lint bench bench-quick native clean
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install --require-fix
 
 # Two steps: the stack with horovod built from source (minutes), then this package (seconds),
 # so that a change to setup.py does not rebuild horovod.
-$(HOROVOD_STAMP): constraints.txt Makefile $(HOROVOD_PATCHES)
+$(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=23.2" "setuptools>=65" wheel
-	$(PIP) install --quiet -c constraints.txt tensorflow-cpu "ray[default,tune]" numpy \
+	$(PIP) install --quiet -c $(CONSTRAINTS) $(TF_PACKAGES) "ray[default,tune]" numpy \
 		protobuf pandas pyarrow
 	# horovod's source release, with this repo's fixes applied (see patches/), compiled
 	# against the TensorFlow installed above, so no build isolation.
-	rm -rf $(HOROVOD_SRC) build/horovod-sdist
-	$(PIP) download --quiet --no-deps --no-binary horovod -d build/horovod-sdist \
+	rm -rf $(HOROVOD_BUILD)
+	$(PIP) download --quiet --no-deps --no-binary horovod -d $(HOROVOD_BUILD) \
 		horovod==$(HOROVOD_VERSION)
-	tar -xzf build/horovod-sdist/horovod-$(HOROVOD_VERSION).tar.gz -C build
+	tar -xzf $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION).tar.gz -C $(HOROVOD_BUILD)
 	for p in $(HOROVOD_PATCHES); do git apply --directory=$(HOROVOD_SRC) $$p || exit 1; done
 	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation --no-cache-dir \
 		--force-reinstall --no-deps ./$(HOROVOD_SRC)
-	$(PIP) install --quiet -c constraints.txt horovod==$(HOROVOD_VERSION)
+	$(PIP) install --quiet -c $(CONSTRAINTS) horovod==$(HOROVOD_VERSION)
 	touch $(HOROVOD_STAMP)
 
 $(STAMP): $(HOROVOD_STAMP) setup.py
-	$(PIP) install --quiet -c constraints.txt -e '.[tensorflow,tune,test,examples,bench]'
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(TF_EXTRA),tune,test,examples,bench]'
 	touch $(STAMP)
 
 # Pure logic first (no Ray, seconds), then everything on real Ray.
@@ -46,9 +62,27 @@ UNIT_TESTS := test/test_calls.py test/test_command.py test/test_elastic_logic.py
 	test/test_failures.py \
 	test/test_lifecycle.py test/test_network.py test/test_ranks.py test/test_settings.py
 
-test: install
+# The whole suite on the chosen line; on the default line, then the 2023 line's subset.
+test: test-suite
+ifeq ($(TF),2.21)
+test: test-2023
+endif
+
+test-suite: install
 	$(PY) -m pytest $(PYTEST_ARGS) $(UNIT_TESTS)
 	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(UNIT_TESTS)) test
+
+# The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core (jobs, run,
+# failures), horovod's Keras API, and an elastic Keras run that loses a node.
+LINE_2023_TESTS := $(UNIT_TESTS) test/test_run.py test/test_keras.py \
+	test/test_elastic.py::test_keras_training_goes_on_when_a_node_is_lost
+
+test-2023:
+	$(MAKE) TF=2.15 install
+	$(MAKE) TF=2.15 test-subset
+
+test-subset: install
+	$(PY) -m pytest $(PYTEST_ARGS) $(LINE_2023_TESTS)
 
 demo: install
 	$(PY) examples/tensorflow2_digits.py --num-workers 2
@@ -71,4 +105,4 @@ bench-quick: install native
 	$(PY) -m bench.run --mode quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf .venv .venv-tf2.15 build *.egg-info .pytest_cache

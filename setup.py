@@ -30,7 +30,10 @@ setup(
     install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
     entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli:main"]},
     extras_require={
-        "tensorflow": ["tensorflow-cpu>=2.15,<2.16"],
+        # Two TensorFlow lines are built and tested (README.rst "Requirements"): today's, with
+        # Keras 3, and the 2023 line, whose tf.keras is Keras 2.
+        "tensorflow": ["tensorflow-cpu>=2.21,<2.22", "keras>=3.15,<4"],
+        "tensorflow-2023": ["tensorflow-cpu>=2.15,<2.16"],
         "tune": ["ray[tune]>=2.60"],
         "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils", "psutil>=6"],
         "examples": ["scikit-learn"],
@@ -38,6 +41,7 @@ setup(
     },
     classifiers=[
         "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3 :: Only",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
     ],
 )

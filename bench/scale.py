@@ -17,6 +17,7 @@ A run still going at the deadline is recorded with the deadline as its seconds a
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -40,11 +41,22 @@ SIZES = (64, 256, 1024, 4096)
 WAYS = ("stock", "backlog", "batched")
 
 
+def _tensorflow_version() -> str:
+    for name in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    raise RuntimeError("TensorFlow is not installed: run `make install`")
+
+
 def _horovod_tree() -> tuple[Path, Path]:
-    """horovod's patched source tree and CMake build folder that ``make install`` made."""
-    builds = sorted(ROOT.glob("build/horovod-*/build/temp.*/*"))
+    """horovod's patched source tree and CMake build folder that ``make install`` made for
+    this environment's TensorFlow line (``build/tf2.21``, ``build/tf2.15``)."""
+    line = ".".join(_tensorflow_version().split(".")[:2])
+    builds = sorted(ROOT.glob(f"build/tf{line}/horovod-*/build/temp.*/*"))
     if not builds:
-        raise RuntimeError("no horovod build tree under build/: run `make install`")
+        raise RuntimeError(f"no horovod build tree under build/tf{line}: run `make install`")
     build = builds[0]
     return build.parent.parent.parent, build
 
@@ -52,7 +64,9 @@ def _horovod_tree() -> tuple[Path, Path]:
 def build_harness() -> Path:
     """Compiles the harness against horovod's build tree (once per build of it)."""
     source, build = _horovod_tree()
-    library = build / "third_party/compatible17_gloo/gloo/libcompatible17_gloo.a"
+    # Gloo as horovod's TensorFlow extension links it (built for TensorFlow's C++ ABI).
+    link = (build / "horovod/tensorflow/CMakeFiles/tensorflow.dir/link.txt").read_text()
+    library = build / "horovod/tensorflow" / re.search(r"(\S*gloo\S*\.a)", link).group(1)
     if BINARY.exists() and BINARY.stat().st_mtime > max(
         library.stat().st_mtime, SOURCE.stat().st_mtime
     ):

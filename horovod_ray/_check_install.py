@@ -2,8 +2,9 @@
 
 Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
 with TensorFlow and Gloo, exiting non-zero if not, and says whether it carries the Gloo
-interface fix from ``patches/`` (a stock build still works, with the hostname caveat;
-``--require-fix``, which ``make install`` passes, makes its absence an error).
+interface fix and, on Keras 3, the Keras 3 port from ``patches/`` (a stock build still
+runs collectives, with the hostname caveat; ``--require-fix``, which ``make install``
+passes, makes the absence of either an error).
 """
 
 import os
@@ -15,6 +16,7 @@ from horovod_ray._stack import (  # noqa: E402
     INSTALL_HINT,
     batched_rendezvous,
     gloo_iface_fixed,
+    keras3_port,
     require_gloo,
 )
 
@@ -38,6 +40,18 @@ def _full_check(require_fix: bool) -> int:
         print("horovod_ray: horovod has the batched rendezvous (a few requests per rank)")
     else:
         print("horovod_ray: horovod sends Gloo's per-key rendezvous (slow past ~100 ranks)")
+    port = keras3_port()
+    if port:
+        print("horovod_ray: horovod has the Keras 3 port (horovod.tensorflow.keras on Keras 3)")
+    elif port is False:
+        print(
+            "horovod_ray: horovod lacks the Keras 3 port: horovod.tensorflow.keras, "
+            "broadcast_variables and DistributedGradientTape fail on Keras 3 models; "
+            "`make install` in a horovod_ray checkout builds horovod with the port",
+            file=sys.stderr,
+        )
+        if require_fix:
+            return 1
     if gloo_iface_fixed():
         print("horovod_ray: horovod has the Gloo interface fix (collectives use the chosen NIC)")
     else:

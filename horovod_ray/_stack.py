@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import glob
+import importlib.metadata
 import importlib.util
 import mmap
 import os
@@ -75,6 +76,24 @@ def batched_rendezvous() -> bool:
     stock horovod sends Gloo's per-key requests, which the server answers too, slower
     (see README.rst, "Large jobs")."""
     return _gloo_problem() is None and _extension_has(b"HTTP multi_get_parts")
+
+
+@functools.cache
+def keras3_port() -> bool | None:
+    """Whether horovod's Keras API is ported to Keras 3 (this repo's patches
+    horovod-*-keras3-*.patch); None where the installed Keras is not 3 (the 2023 line),
+    which stock horovod supports."""
+    try:
+        major = int(importlib.metadata.version("keras").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if major < 3:
+        return None
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    package_dir = list(spec.submodule_search_locations)[0]
+    return os.path.exists(os.path.join(package_dir, "_keras", "keras3.py"))
 
 
 def require_gloo() -> None:

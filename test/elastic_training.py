@@ -24,12 +24,44 @@ def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
         bcast_object=hvd.broadcast_object, get_rank=hvd.rank, step=0, history=[]
     )
 
+    def step() -> float:
+        return float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+
+    return _loop(state, step, folder, pause_s, max_steps)
+
+
+def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
+    """The same loop around a Keras model in ``hvd.elastic.KerasState``: each step is one
+    ``train_on_batch`` with ``hvd.DistributedOptimizer`` on the rank's own batch, and
+    records the sum of the model's weights, the same on every rank while they are in step."""
+    import horovod.tensorflow.keras as hvd
+    import keras
+    import numpy as np
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])  # random per rank
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    state = hvd.elastic.KerasState(model, step=0, history=[])
+    rng = np.random.default_rng(hvd.rank())
+
+    def step() -> float:
+        x = rng.normal(size=(8, 4)).astype("float32")
+        model.train_on_batch(x, x.sum(axis=1, keepdims=True))
+        return float(sum(np.sum(w) for w in model.get_weights()))
+
+    return _loop(state, step, folder, pause_s, max_steps)
+
+
+def _loop(state, step, folder: str, pause_s: float, max_steps: int) -> dict:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
     @hvd.elastic.run
     def loop(state):
         while state.step < max_steps:
-            total = hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
+            value = step()
             # Rebound, not appended in place: restore() must roll the list back too.
-            state.history = [*state.history, (state.step, hvd.size(), float(total.numpy()))]
+            state.history = [*state.history, (state.step, hvd.size(), value)]
             finish = os.path.exists(os.path.join(folder, "finish"))
             finish = bool(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
             state.step += 1

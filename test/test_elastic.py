@@ -18,7 +18,7 @@ from horovod_ray.elastic import ElasticRun
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.settings import ElasticLayout, WorkerLayout
 from test.conftest import start_cluster, stop_ray
-from test.elastic_training import train
+from test.elastic_training import train, train_keras
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,14 +69,14 @@ def _autoscaler_request() -> list[dict]:
 class _Run:
     """An elastic run() in a thread, its membership events, and its outcome."""
 
-    def __init__(self, executor: RayExecutor, folder: Path) -> None:
+    def __init__(self, executor: RayExecutor, folder: Path, fn=train) -> None:
         self.events: list[dict] = []
         self.outcome: dict = {}
 
         def target() -> None:
             try:
                 self.outcome["results"] = executor.run(
-                    train, args=(str(folder),), callbacks=[self.events.append]
+                    fn, args=(str(folder),), callbacks=[self.events.append]
                 )
             except BaseException as err:  # noqa: BLE001 - read by the test
                 self.outcome["error"] = err
@@ -147,6 +147,38 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
         r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
     )
     assert set(ended) == {lost.node_id[:12]}, caplog.text
+
+
+def test_keras_training_goes_on_when_a_node_is_lost(cluster, tmp_path):
+    """A Keras model in hvd.elastic.KerasState with hvd.DistributedOptimizer: a node is
+    lost, the others roll back to the last commit and go on, ranks that join later (their
+    optimizer not built yet) start in step; every rank ends with the same weights. Without
+    patches/horovod-0.28.1-keras-elastic-state.patch the state cannot read a Keras 3
+    optimizer's variables, and on Keras 2 a joining rank's sync waits forever."""
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path, train_keras)
+        _wait_for(_at(tmp_path, 3, 4), 240, "4 ranks training", run)
+        used = set(run.changes()[0]["nodes_added"])
+        lost = next(n for n in cluster.worker_nodes if n.node_id in used)
+        cluster.remove_node(lost)
+        _wait_for(lambda: len(run.changes()) >= 2, 120, "the job to lose the node", run)
+        after_loss = _progress(tmp_path)[0]
+        _wait_for(lambda: _progress(tmp_path)[0] >= after_loss + 3, 120, "steps after", run)
+        (tmp_path / "finish").touch()
+        run.thread.join(120)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+        cluster.add_node(num_cpus=2)  # three worker nodes again for what comes next
+    results = run.outcome["results"]
+    history = results[0]["history"]
+    assert all(r["history"] == history for r in results)  # one state, the same weights
+    assert [step for step, _, _ in history] == list(range(len(history)))
+    assert lost.node_id in run.changes()[1]["nodes_removed"]
+    assert len({weights for _, _, weights in history}) == len(history)  # it trained
 
 
 def _our_actors() -> list:

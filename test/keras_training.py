@@ -72,13 +72,38 @@ def fit_distributed(optimizer: str, backward_passes_per_step: int = 1, fp16: boo
     model = _model()
     model.compile(optimizer=opt, loss="mse")
     batch = len(x) // backward_passes_per_step
-    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    # The broadcast after the first batch must leave each rank's own gradient sums alone.
+    broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[broadcast])
     ranks = [_gradients_at_zero(*_data(r), batch) for r in range(hvd.size())]
     expected = [-0.1 * np.mean([g[i] for g in ranks], axis=0).ravel() for i in range(2)]
     return {
         "weights": _weights(model),
         "expected_sgd": [e.tolist() for e in expected],
         "iterations": int(np.asarray(model.optimizer.iterations)),
+    }
+
+
+def fit_mixed_precision() -> dict:
+    """Under the mixed_float16 policy: the loss scaling sees the averaged gradients, so
+    every rank takes (or skips) the same steps."""
+    import horovod.tensorflow.keras as hvd
+    import keras
+
+    hvd.init()
+    x, y = _data(hvd.rank())
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model(seed=hvd.rank())
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.05)), loss="mse")
+        broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[broadcast])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return {
+        "weights": _weights(model),
+        "loss": [float(v) for v in history.history["loss"]],
+        "optimizer": [c.__name__ for c in type(model.optimizer).__mro__],
     }
 
 
@@ -106,7 +131,7 @@ def fit_with_callbacks(epochs: int = 4) -> dict:
     }
 
 
-def clear_errors() -> tuple[str, str]:
+def clear_errors() -> tuple[str, str, str]:
     """What cannot work says so at the call, naming what to do instead: the learning-rate
     callbacks' momentum correction on a momentum that Keras compiles into the step, and
     ``load_model(legacy_opts=True)`` where Keras has no legacy optimizers (Keras 3)."""
@@ -129,7 +154,11 @@ def clear_errors() -> tuple[str, str]:
         hvd.load_model("missing.keras", legacy_opts=True)
     except (ValueError, OSError) as err:
         messages.append(str(err))
-    return messages[0], messages[1]
+    try:  # Keras 3's own accumulation would average every micro-batch over the ranks
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    except (ValueError, TypeError) as err:  # TypeError: Keras 2 has no such argument
+        messages.append(str(err))
+    return messages[0], messages[1], messages[2]
 
 
 def tape_and_collectives() -> dict:
@@ -221,7 +250,19 @@ def save_and_load(folder: str) -> dict:
     before = loaded.evaluate(x, y, verbose=0)
     loaded.fit(x, y, batch_size=16, epochs=2, verbose=0)
     plain = keras.models.load_model(path)
+    # Saved with a plain optimizer: hvd.load_model still makes it distributed.
+    undistributed = _model()
+    undistributed.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+    undistributed.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    plain_path = os.path.join(folder, "plain.keras")
+    if hvd.rank() == 0:
+        undistributed.save(plain_path)
+    hvd.allreduce(np.zeros(1), name="saved_plain")
+    from_plain = hvd.load_model(plain_path)
+    from_plain.fit(x, y, batch_size=16, epochs=1, verbose=0)
     return {
+        "from_plain_is_distributed": hasattr(from_plain.optimizer, "register_local_var"),
+        "from_plain_weights": _weights(from_plain),
         "same_weights": all(same),
         "loaded_optimizer": type(loaded.optimizer).__name__,
         "loaded_is_distributed": hasattr(loaded.optimizer, "register_local_var"),

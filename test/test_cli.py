@@ -47,9 +47,19 @@ def _run(*args: str, timeout: float = 120, **popen) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
+# TensorFlow's own start-up log lines (absl's format: severity, date, time, thread id, file),
+# whose times and thread ids differ from run to run.
+ABSL_LINE = re.compile(r"\[\d+\]<stderr>:([IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ |WARNING: All log)")
+
+
 def _prefixed(text: str) -> list[str]:
-    """The relayed lines (a \\r ends a line too), sorted: ranks interleave freely."""
-    return sorted(line for line in LINE.split(text) if re.match(r"\[\d+\]<std", line))
+    """The relayed lines (a \\r ends a line too), sorted: ranks interleave freely; without
+    TensorFlow's timestamped log lines (TensorFlow 2.21 writes one at import)."""
+    return sorted(
+        line
+        for line in LINE.split(text)
+        if re.match(r"\[\d+\]<std", line) and not ABSL_LINE.match(line)
+    )
 
 
 def _alive(pids: list[int]) -> list[int]:

@@ -83,11 +83,21 @@ def test_callbacks_broadcast_average_and_schedule(executor):
     np.testing.assert_allclose(lr, [0.0375, 0.05, 0.05, 0.05, 0.025], rtol=1e-6)
 
 
+def test_mixed_precision_scales_the_averaged_gradients(executor):
+    results = executor.run(keras_training.fit_mixed_precision)
+    _same_on_every_rank(results, "weights")
+    loss = results[0]["loss"]
+    assert loss[-1] < loss[0]
+    if KERAS3:  # the loss scaling inside the averaging (Keras 2's compile puts it outside)
+        assert "LossScaleOptimizer" in results[0]["optimizer"]
+
+
 def test_unsupported_uses_get_a_clear_error(executor):
-    momentum, legacy = executor.run(keras_training.clear_errors)[0]
+    momentum, legacy, accumulation = executor.run(keras_training.clear_errors)[0]
     assert "momentum_correction=False" in momentum and "SGD" in momentum
     if KERAS3:
         assert "legacy_opts=False" in legacy
+        assert "backward_passes_per_step=2" in accumulation
 
 
 def test_gradient_tape_broadcast_variables_and_collectives(executor):
@@ -121,3 +131,6 @@ def test_saved_model_loads_with_horovod_and_without(executor, tmp_path):
     _same_on_every_rank(results, "weights_after")  # trained on together after loading
     assert _same_on_every_rank(results, "plain_optimizer") == "Adam"
     assert not any(r["plain_is_distributed"] for r in results)
+    if KERAS3:  # a model saved with a plain optimizer comes back distributed too
+        assert all(r["from_plain_is_distributed"] for r in results)
+        _same_on_every_rank(results, "from_plain_weights")

@@ -29,7 +29,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: install test test-suite test-2023 test-subset demo lint bench bench-quick native clean
+.PHONY: install test test-suite test-2023 test-subset demo lint bench bench-quick bench-lines native clean
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install --require-fix
@@ -103,6 +103,12 @@ bench: install native
 
 bench-quick: install native
 	$(PY) -m bench.run --mode quick
+
+# B1, B2 and the demo's epoch time on both TensorFlow lines, alternating (docs/benchmarks.rst).
+bench-lines: native
+	$(MAKE) TF=2.21 install
+	$(MAKE) TF=2.15 install
+	.venv/bin/python -m bench.lines
 
 clean:
 	rm -rf .venv .venv-tf2.15 build *.egg-info .pytest_cache

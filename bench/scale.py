@@ -50,7 +50,7 @@ def _tensorflow_version() -> str:
     raise RuntimeError("TensorFlow is not installed: run `make install`")
 
 
-def _horovod_tree() -> tuple[Path, Path]:
+def horovod_tree() -> tuple[Path, Path]:
     """horovod's patched source tree and CMake build folder that ``make install`` made for
     this environment's TensorFlow line (``build/tf2.21``, ``build/tf2.15``)."""
     line = ".".join(_tensorflow_version().split(".")[:2])
@@ -63,7 +63,7 @@ def _horovod_tree() -> tuple[Path, Path]:
 
 def build_harness() -> Path:
     """Compiles the harness against horovod's build tree (once per build of it)."""
-    source, build = _horovod_tree()
+    source, build = horovod_tree()
     # Gloo as horovod's TensorFlow extension links it (built for TensorFlow's C++ ABI).
     link = (build / "horovod/tensorflow/CMakeFiles/tensorflow.dir/link.txt").read_text()
     library = build / "horovod/tensorflow" / re.search(r"(\S*gloo\S*\.a)", link).group(1)

@@ -129,10 +129,11 @@ def _horovod_gloo() -> tuple[Path, list[str]]:
     """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
     (its C++17 copy of third_party/gloo, patches applied), and the defines and include
     folders CMake compiled it with."""
-    libraries = sorted(
-        ROOT.glob("build/horovod-*/build/temp.*/*/third_party/compatible17_gloo/gloo/*.a")
-    )
-    assert libraries, "no Gloo library in horovod's build tree under build/: run `make install`"
+    from bench.scale import horovod_tree
+
+    _, build = horovod_tree()  # this environment's TensorFlow line's
+    libraries = sorted(build.glob("third_party/compatible17_gloo/gloo/*.a"))
+    assert libraries, f"no Gloo library in horovod's build tree {build}: run `make install`"
     library = libraries[0]
     flags = (library.parent / "CMakeFiles/compatible17_gloo.dir/flags.make").read_text()
     wanted = re.findall(r"^CXX_(?:DEFINES|INCLUDES) = (.*)$", flags, flags=re.MULTILINE)

@@ -26,11 +26,10 @@ LINES = {"2.21": ROOT / ".venv", "2.15": ROOT / ".venv-tf2.15"}
 
 def demo_epoch_s(epochs: int = 15) -> dict:
     """In this environment: the digits example's training on 2 ranks of a local Ray."""
+    import cloudpickle
     import ray
 
     import horovod_ray
-
-    import cloudpickle
 
     sys.path.insert(0, str(ROOT / "examples"))
     import tensorflow2_digits

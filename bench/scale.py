@@ -341,7 +341,7 @@ def start_path_once(
 def start_path(sizes: Sequence[int], reps: int, num_hosts: int = 2) -> dict:
     """``scale_start_s``: {N: {step: median seconds}} on ``num_hosts`` simulated nodes,
     with the batched rendezvous; ``scale_start_per_key_s`` the same with Gloo's."""
-    from bench.run import simulated_nodes, wait_for_quiet
+    from bench.common import simulated_nodes, wait_for_quiet
 
     figures: dict[str, dict] = {"batched": {}, "per_key": {}}
     with simulated_nodes([max(sizes) // num_hosts] * num_hosts):

@@ -1,0 +1,55 @@
+"""B3: call overhead, the median time of a no-op call on 4 workers.
+
+horovod_ray's ``execute`` of a no-op and a repeated ``run(os.getpid)``, against a bare
+fan-out of 4 Ray actor calls returning None: ``b3_ratio`` and ``b3_run_ratio``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Callable
+
+from bench import workloads
+from bench.common import Mode, alternate, ratio, summary
+
+
+def b3(mode: Mode) -> dict:
+    print("B3 call overhead, 4 workers, no-op", flush=True)
+    # Imported here, not above: bench.common sets Ray's environment before ray is imported.
+    import ray
+
+    from horovod_ray import RayExecutor
+
+    # No CPU reserved: the executor's 4 workers hold the 4 CPUs while both run.
+    @ray.remote(num_cpus=0)
+    class Bare:
+        def noop(self):
+            return None
+
+    def timed(call: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(mode.b3_calls):
+            start = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    bare = [Bare.remote() for _ in range(4)]
+    ray.get([actor.noop.remote() for actor in bare])
+    with RayExecutor(RayExecutor.create_settings(verbose=0), num_workers=4) as executor:
+        executor.execute(workloads.noop)
+        systems = {
+            "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
+            "horovod_ray run()": lambda: timed(lambda: executor.run(os.getpid)),
+            "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
+        }
+        runs = alternate(systems, mode.reps)
+    for actor in bare:
+        ray.kill(actor)
+    return {
+        "b3_call_ms": {name: summary(values) for name, values in runs.items()},
+        "b3_ratio": ratio(runs["horovod_ray"], runs["bare_ray"]),
+        "b3_run_ratio": ratio(runs["horovod_ray run()"], runs["bare_ray"]),
+    }

@@ -1,0 +1,170 @@
+"""The results of one run, for people: the table printed at the end and the PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+
+def print_table(results: dict) -> None:
+    """Prints each benchmark's figures that ``results`` holds: medians, min - max, ratios."""
+    print("\n== results (median, min - max) ==")
+    _print_b1(results)
+    _print_b2(results)
+    _print_b3_b4_b5(results)
+    _print_b6(results)
+    _print_b8(results)
+    _print_b7(results)
+
+
+def _row(name: str, s: dict, unit: str) -> str:
+    return f"  {name:<18} {s['median']:10.3f} {unit:<5} ({s['min']:.3f} - {s['max']:.3f})"
+
+
+def _print_b1(results: dict) -> None:
+    if "b1_allreduce_mbps" in results:
+        print("B1 allreduce throughput")
+        for name, s in results["b1_allreduce_mbps"].items():
+            print(_row(name, s, "MB/s"))
+        for key in ("b1_ratio_vs_horovodrun", "b1_ratio_vs_raw_gloo", "b1_ratio_vs_horovod_ray"):
+            if key in results:
+                print(f"  {key:<32} {results[key]:.3f}")
+
+
+def _print_b2(results: dict) -> None:
+    for workers, systems in results.get("b2_cold_start_s", {}).items():
+        print(f"B2 cold start, {workers} workers")
+        for name, s in systems.items():
+            print(_row(name, s, "s"))
+        print(
+            f"  ratio vs horovod.ray {results['b2_ratio_vs_horovod_ray'][workers]:.3f}"
+            f"  vs HorovodTrainer {results['b2_ratio_vs_horovod_trainer'][workers]:.3f}"
+        )
+        if workers in results.get("b2_floor_s", {}):
+            above = results["b2_overhead_above_floor_s"][workers]
+            print(
+                f"  import floor {results['b2_floor_s'][workers]['median']:.3f} s; above it: "
+                + ", ".join(f"{name} {value:+.3f} s" for name, value in above.items())
+            )
+
+
+def _print_b3_b4_b5(results: dict) -> None:
+    if "b3_call_ms" in results:
+        print("B3 no-op call, 4 workers")
+        for name, s in results["b3_call_ms"].items():
+            print(_row(name, s, "ms"))
+        print(f"  b3_ratio {results['b3_ratio']:.3f}  b3_run_ratio {results['b3_run_ratio']:.3f}")
+    if "b4_tune_s" in results:
+        print("B4 Tune turnaround")
+        for name, s in results["b4_tune_s"].items():
+            print(_row(name, s, "s"))
+        print(f"  b4_ratio {results['b4_ratio']:.3f}")
+    for point, s in results.get("b5_cold_start_s", {}).items():
+        print(f"B5 {point:<6} {s['median']:.2f}s")
+
+
+def _print_b6(results: dict) -> None:
+    """B6 across hosts, the sweep, then B6 elastic: the order the table always had."""
+    if "b6_allreduce_mbps" in results:
+        print("B6 allreduce across two simulated hosts")
+        for name, s in results["b6_allreduce_mbps"].items():
+            print(_row(name, s, "MB/s"))
+        if "b6_ratio_vs_raw_gloo" in results:
+            print(f"  b6_ratio_vs_raw_gloo {results['b6_ratio_vs_raw_gloo']:.3f}")
+    for point, systems in results.get("sweep_mbps", {}).items():
+        ratios = systems["ratio_vs_defaults"]
+        print(f"sweep {point}: " + ", ".join(f"{n} {r:.3f}" for n, r in ratios.items()))
+    if "b6_recovery_s" in results:
+        print("B6 elastic recovery after a node loss (s)")
+        for name, s in results["b6_recovery_s"].items():
+            print(_row(name, s, "s"))
+        print(_row("grow back", results["b6_grow_s"], "s"))
+        print(f"  b6_ratio_vs_restart {results['b6_ratio_vs_restart']:.3f}")
+
+
+def _print_b8(results: dict) -> None:
+    if "b8_script_s" in results:
+        print("B8 fresh script to result, 2 ranks")
+        for name, s in results["b8_script_s"].items():
+            print(_row(name, s, "s"))
+        print(_row("its ray.init", results["b8_ray_start_s"], "s"))
+        print(
+            f"  b8_ratio_vs_horovodrun {results['b8_ratio_vs_horovodrun']:.3f}; after Ray's "
+            f"start {results['b8_after_ray_start_s']:.3f} s"
+        )
+
+
+def _print_b7(results: dict) -> None:
+    if "b7_script_s" in results:
+        print("B7 script wall time, 2 ranks")
+        for name, s in results["b7_script_s"].items():
+            print(_row(name, s, "s"))
+        print(
+            f"  b7_ratio_vs_horovodrun (joining) {results['b7_ratio_vs_horovodrun']:.3f}"
+            f"  local {results['b7_ratio_local_vs_horovodrun']:.3f}"
+        )
+
+
+def plot(results: dict, directory: Path) -> list[str]:
+    """Writes a PNG per figure that ``results`` holds into ``directory``; their names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def bars(title: str, data: dict, unit: str, name: str) -> None:
+        written.append(_bars(plt, directory, title, data, unit, name))
+
+    if "b1_allreduce_mbps" in results:
+        bars("B1 allreduce, 2 workers", results["b1_allreduce_mbps"], "MB/s", "b1_allreduce.png")
+    if "b6_allreduce_mbps" in results:
+        title = "B6 allreduce across 2 simulated hosts"
+        bars(title, results["b6_allreduce_mbps"], "MB/s", "b6_allreduce_hosts.png")
+    for workers, systems in results.get("b2_cold_start_s", {}).items():
+        bars(f"B2 cold start, {workers} workers", systems, "seconds", f"b2_cold_{workers}.png")
+    if "b4_tune_s" in results:
+        bars("B4 Tune turnaround", results["b4_tune_s"], "seconds", "b4_tune.png")
+    if "b7_script_s" in results:
+        bars("B7 script wall time, 2 ranks", results["b7_script_s"], "seconds", "b7_script.png")
+    if results.get("b5_cold_start_s"):
+        written.append(_b5_scaling(plt, results["b5_cold_start_s"], directory))
+    return written
+
+
+def _bars(plt: ModuleType, directory: Path, title: str, data: dict, unit: str, name: str) -> str:
+    """A bar per system: its median, the whiskers its min and max; the file's name."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(data)
+    medians = [data[k]["median"] for k in labels]
+    errors = [
+        [m - data[k]["min"] for k, m in zip(labels, medians, strict=True)],
+        [data[k]["max"] - m for k, m in zip(labels, medians, strict=True)],
+    ]
+    ax.bar(labels, medians, yerr=errors, capsize=4, color="#4c72b0")
+    ax.set_title(title)
+    ax.set_ylabel(unit)
+    fig.tight_layout()
+    fig.savefig(directory / name, dpi=100)
+    plt.close(fig)
+    return name
+
+
+def _b5_scaling(plt: ModuleType, points: dict, directory: Path) -> str:
+    """B5's cold start against workers, a line per node count; the file's name."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    by_nodes: dict[int, list[tuple[int, float]]] = {}
+    for s in points.values():
+        by_nodes.setdefault(s["nodes"], []).append((s["workers"], s["median"]))
+    for nodes, line in sorted(by_nodes.items()):
+        line.sort()
+        ax.plot([p[0] for p in line], [p[1] for p in line], marker="o", label=f"{nodes} node(s)")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("cold start + first allreduce (s)")
+    ax.set_title("B5 scaling")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(directory / "b5_scaling.png", dpi=100)
+    plt.close(fig)
+    return "b5_scaling.png"

@@ -96,3 +96,28 @@ def describe_failures(failures: Mapping[int, str]) -> str:
     for rank, what in failures.items():
         lines.append(f"--- rank {rank}: {what}")
     return "\n".join(lines)
+
+
+def interrupt_in(err: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind ``err``, if it is one.
+
+    Ctrl-C landing just as a Ray wait returns surfaces as CPython's SystemError
+    ("returned a result with an exception set") caused by the KeyboardInterrupt.
+    """
+    if isinstance(err, KeyboardInterrupt):
+        return err
+    if isinstance(err, SystemError) and isinstance(err.__cause__, KeyboardInterrupt):
+        return err.__cause__
+    return None
+
+
+def start_error(err: BaseException, cancelled: bool) -> BaseException:
+    """What a failed start() raises for ``err`` (the cause it chains from)."""
+    interrupt = interrupt_in(err)
+    if interrupt is not None:
+        return interrupt
+    if cancelled and not isinstance(err, StartCancelledError):
+        return StartCancelledError()
+    if isinstance(err, HorovodRayError):
+        return err
+    return HorovodRayError(f"RayExecutor.start() failed: {err}")

@@ -1,38 +1,37 @@
 """RayExecutor: one Horovod job on Ray, its public API and its life.
 
-The parts: ``lifecycle`` (states and their one writer), ``job`` (start all-or-nothing,
-release), ``calls`` and ``logs`` (how calls and rank 0's log dicts travel, both halves),
-``failures`` (who failed, decided by a pure function), ``network`` (each node's Gloo
-interface), ``rendezvous`` and ``placement``.
+The executor checks the arguments, owns the lifecycle (``lifecycle``, one writer) and
+counts the calls in flight; a kind of job (``job.JobKind``: ``static.StaticJob`` or
+``elastic.ElasticJob``) does the rest: placement, bring-up (``bringup``), calls
+(``calls``, ``logs``), failures (``failures``) and release.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
-from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 
-from horovod_ray import calls, elastic, failures, job, logs, placement
+from horovod_ray import calls, job
 from horovod_ray._stack import require_gloo
 from horovod_ray.errors import (
     ConfigError,
     ExecutorStateError,
     HorovodRayError,
-    StartCancelledError,
+    interrupt_in,
+    start_error,
 )
-from horovod_ray.lifecycle import FINAL, ExecutorState, Lifecycle
+from horovod_ray.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
 from horovod_ray.ranks import RankInfo
 from horovod_ray.settings import (
-    ElasticLayout,
     Settings,
-    WorkerLayout,
     check_env,
     create_settings,
+    job_layouts,
+    require_settings,
 )
 
 logger = logging.getLogger(__name__)
@@ -100,68 +99,15 @@ class RayExecutor:
         elastic_timeout: float | None = None,
         discovery_interval_s: float | None = None,
     ) -> None:
-        if settings is None:
-            settings = create_settings()
-        if not isinstance(settings, Settings):
-            raise ConfigError(
-                "settings",
-                f"settings must come from RayExecutor.create_settings(...), "
-                f"got {type(settings).__name__}",
-            )
-        self.settings = settings
-        self.elastic: ElasticLayout | None = None
-        elastic_only = {
-            "reset_limit": reset_limit,
-            "cooldown_range": cooldown_range,
-            "elastic_timeout": elastic_timeout,
-            "discovery_interval_s": discovery_interval_s,
-        }
-        if min_workers is None and max_workers is None:
-            for name, value in elastic_only.items():
-                if value is not None:
-                    raise ConfigError(
-                        name, f"{name} is for elastic jobs: give min_workers too, or drop it"
-                    )
-        else:
-            if num_workers is not None or num_hosts is not None:
-                raise ConfigError(
-                    "min_workers",
-                    "an elastic job (min_workers/max_workers) sizes itself: leave "
-                    "num_workers and num_hosts unset",
-                )
-            if min_workers is None:
-                raise ConfigError(
-                    "min_workers", "max_workers needs min_workers (the fewest ranks to run on)"
-                )
-            self.elastic = ElasticLayout(
-                min_workers=min_workers,
-                max_workers=max_workers,
-                reset_limit=reset_limit,
-                cooldown_range=cooldown_range,
-                elastic_timeout_s=600 if elastic_timeout is None else elastic_timeout,
-                discovery_interval_s=1.0 if discovery_interval_s is None else discovery_interval_s,
-            )
-            num_workers = min_workers
-        self.layout = WorkerLayout(
-            num_workers=num_workers,
-            num_hosts=num_hosts,
-            num_workers_per_host=num_workers_per_host,
-            cpus_per_worker=cpus_per_worker,
-            use_gpu=use_gpu,
-            gpus_per_worker=gpus_per_worker,
-            use_current_placement_group=use_current_placement_group,
-        )
-        if not use_current_placement_group:
-            self.layout.require_counts()
+        # Every argument but settings says what the job is: its layouts check them all.
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
+        self.settings = settings = require_settings(settings)
+        self.layout, self.elastic = job_layouts(**arguments)
+        self._job = job.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
-        # An elastic job's start() keeps what each run() needs; run() holds the live run.
-        self._elastic_setup: tuple[dict[str, str], bytes | None] | None = None
-        self._elastic_run: elastic.ElasticRun | None = None
         # Set by stop() while start() runs: start() then gives up at its next wait.
-        self._cancel = threading.Event()
+        self._cancel = Cancel()
         self._lock = threading.RLock()
-        self._job: job.Job | None = None
-        self._dispatcher = calls.Dispatcher()
         self._calls_in_flight = 0
 
     # ----------------------------------------------------------------- introspection
@@ -174,22 +120,22 @@ class RayExecutor:
     @property
     def num_workers(self) -> int:
         """Number of ranks of the running job."""
-        return len(self._running("num_workers").members)
+        return len(self._running("num_workers").ranks)
 
     @property
     def ranks(self) -> list[RankInfo]:
         """Each rank's identity, in world-rank order."""
-        return [m.rank for m in self._running("ranks").members]
+        return self._running("ranks").ranks
 
     @property
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, port) of the job's Gloo rendezvous server."""
-        return self._running("rendezvous_address").rendezvous.address
+        return self._running("rendezvous_address").rendezvous_address
 
     @property
     def placement_group(self) -> PlacementGroup | None:
         """The placement group the ranks run in."""
-        return self._running("placement_group").held.group
+        return self._running("placement_group").placement_group
 
     def __repr__(self) -> str:
         return f"RayExecutor(state={self.state.value}, layout={self.layout})"
@@ -228,93 +174,26 @@ class RayExecutor:
                 f"start() needs a new executor, this one is {self.state.value}; "
                 f"create a new RayExecutor"
             )
-        if executable_cls is not None and not callable(executable_cls):
-            raise ConfigError(
-                "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
-            )
-        args = calls.as_tuple("executable_args", executable_args)
-        kwargs = calls.as_kwargs("executable_kwargs", executable_kwargs)
-        executable = (
-            None
-            if executable_cls is None
-            else calls.pickle_value("executable_cls", (executable_cls, args, kwargs))
+        env, executable = _start_inputs(
+            executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
-        env = check_env(extra_env_vars)
-        require_gloo()
-        if not ray.is_initialized():
-            raise HorovodRayError(
-                "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
-                "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
-            )
-        if self.elastic is not None:
-            self._start_elastic(env, executable)
-            return
-        group = placement.current_group(self.layout)
-        if group is None:
-            self.layout.require_counts()
-            plan = placement.plan_new_group(self.layout)
-        else:
-            plan = placement.plan_existing_group(self.layout, group.bundle_specs)
+        kind = self._job
+        kind.prepare()
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
-
-        held = job.Held()
         try:
-            started = job.start(
-                self.settings, self.layout, plan, group, executable, env, held, self._check
-            )
-            self._check()
+            kind.start(env, executable, self._cancel.check)
+            self._cancel.check()
         except BaseException as err:
             cancelled = self._cancel.is_set()
-            try:
-                job.release(held, grace_s=0)
-            finally:
-                final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
-                self._lifecycle.transition([ExecutorState.STARTING], final)
-            interrupt = _interrupt_in(err)
-            if interrupt is not None:
-                raise interrupt from None
-            if cancelled and not isinstance(err, StartCancelledError):
-                raise StartCancelledError() from err
-            if isinstance(err, HorovodRayError):
-                raise
-            raise HorovodRayError(f"RayExecutor.start() failed: {err}") from err
-        with self._lock:
-            self._job = started
+            self._lifecycle.finish_start(lambda: kind.stop(grace_s=0), cancelled)
+            error = start_error(err, cancelled)
+            if error is err:
+                raise  # the error start() met, as it was
+            raise error from (None if isinstance(error, KeyboardInterrupt) else err)
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
-        self._log_ranks(started)
-
-    def _start_elastic(self, env: dict[str, str], executable: bytes | None) -> None:
-        """An elastic job takes nothing at start(): each run() places its own ranks."""
-        if ray_client.is_connected():
-            raise HorovodRayError(
-                "elastic jobs need their driver inside the cluster (horovod's elastic "
-                "driver answers the ranks directly), not a Ray Client (ray://) driver; "
-                "submit the script with `ray job submit` instead"
-            )
-        if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
-            raise ExecutorStateError("start() raced with another start() or stop()")
-        self._elastic_setup = (env, executable)
-        self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
-
-    def _check(self) -> None:
-        """Raises when stop() was called during start()."""
-        if self._cancel.is_set():
-            raise StartCancelledError()
-
-    def _log_ranks(self, started: job.Job) -> None:
-        level = logging.INFO if self.settings.verbose >= 1 else logging.DEBUG
-        if logger.isEnabledFor(level):
-            host, port = started.rendezvous.address
-            phases = ", ".join(f"{name} {s:.2f}s" for name, s in started.start_s.items())
-            logger.log(
-                level,
-                "Horovod job started (%s), rendezvous %s:%d\n%s",
-                phases,
-                host,
-                port,
-                started.table(),
-            )
+        if (message := kind.started_message()) is not None:
+            logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
 
     # ------------------------------------------------------------------------ calls
 
@@ -368,47 +247,8 @@ class RayExecutor:
         Returns:
             Each rank's return value, in world-rank order.
         """
-        if self.elastic is not None:
-            return self._run_elastic(call, callbacks, action)
-        running = self._running(action)
-        message = self._dispatcher.message(call)
-        refs = [calls.send(actor, message) for actor in running.actors]
-        results = self._collect(running, refs, callbacks, message.call_id)
-        self._dispatcher.completed(call, message)
-        return results
-
-    def _run_elastic(
-        self, call: calls.Call, callbacks: list[Callable[[dict], None]], action: str
-    ) -> list[Any]:
-        if action != "run" or call.args is None:
-            raise ExecutorStateError(
-                f"{action} is not available on an elastic job: its ranks exist only while "
-                f"run() runs (use run(fn), with hvd.elastic.run inside fn)"
-            )
-        with self._lock:
-            state = self.state
-            if state is not ExecutorState.RUNNING or self._elastic_run is not None:
-                busy = "another run() is in progress" if state is ExecutorState.RUNNING else ""
-                raise ExecutorStateError(
-                    f"run needs a running elastic executor, this one is {state.value}"
-                    + (f": {busy}" if busy else "")
-                )
-            env, executable = self._elastic_setup
-            current = self._elastic_run = elastic.ElasticRun(
-                self.settings, self.elastic, self.layout, env, executable
-            )
-        try:
-            return current.run(call.fn, call.args, callbacks)
-        except BaseException as err:
-            if self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-                self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.FAILED)
-            interrupt = _interrupt_in(err)
-            if interrupt is not None:
-                raise interrupt from None
-            raise
-        finally:
-            with self._lock:
-                self._elastic_run = None
+        kind = self._running(action, call)
+        return self._in_call(kind, lambda: kind.call(call, callbacks))
 
     def run_remote(
         self,
@@ -423,10 +263,7 @@ class RayExecutor:
             there as Ray errors (use ``run`` for WorkerFailedError and cleanup).
         """
         call = calls.prepare(fn, args, kwargs)
-        self._refuse_elastic("run_remote")
-        running = self._running("run_remote")
-        message = self._dispatcher.message(call)
-        return [calls.send(actor, message) for actor in running.actors]
+        return self._running("run_remote", call).send(call)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Runs ``fn(executable)`` on rank 0 only.
@@ -438,68 +275,25 @@ class RayExecutor:
             WorkerFailedError: Rank 0 raised or died; the job has been stopped.
         """
         call = calls.prepare_execute(fn)
-        self._refuse_elastic("execute_single")
-        running = self._running("execute_single")
-        message = self._dispatcher.message(call, all_ranks=False)
-        ref = calls.send(running.actors[0], message)
-        return self._collect(running, [ref], [], message.call_id)[0]
+        kind = self._running("execute_single", call)
+        return self._in_call(kind, lambda: kind.call(call, [], all_ranks=False))[0]
 
-    def _collect(
-        self,
-        running: job.Job,
-        refs: list[ray.ObjectRef],
-        callbacks: list[Callable[[dict], None]],
-        call_id: int,
-    ) -> list[Any]:
+    def _in_call(self, kind: job.JobKind, call: Callable[[], list[Any]]) -> list[Any]:
+        """Runs ``call``; on any failure (a rank's, Ctrl-C, a raising callback: the ranks
+        cannot be left half done) stops the job, which ends FAILED, and re-raises."""
         with self._lock:
             self._calls_in_flight += 1
-        started = time.monotonic()
         try:
-            if not callbacks:
-                # ray.get returns as soon as any of the refs holds an error.
-                return ray.get(refs)
-            return logs.collect(running.actors[0], refs, callbacks, call_id)
-        except ray.exceptions.RayError:
-            self._fail(running, refs, time.monotonic() - started)
+            return call()
         except BaseException as err:
-            # Ctrl-C on the driver, or a callback raised: the ranks are mid-call and
-            # cannot be left half done.
-            self._abort(running)
-            interrupt = _interrupt_in(err)
+            self._lifecycle.finish(lambda: kind.stop(grace_s=0), ExecutorState.FAILED)
+            interrupt = interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
             raise
         finally:
             with self._lock:
                 self._calls_in_flight -= 1
-
-    def _fail(self, running: job.Job, refs: list[ray.ObjectRef], elapsed_s: float) -> None:
-        """Works out who caused a failure (see failures.py), stops the job, and raises."""
-        members = running.members
-        snapshot, first = failures.probe(
-            running.actors,
-            [m.node.where for m in members],
-            [m.node.node_id for m in members],
-            refs,
-            running.rendezvous.joined_ranks(),
-            elapsed_s,
-            self.settings.timeout_s,
-        )
-        self._abort(running)
-        for ref in refs:
-            # Read every outcome, so Ray does not log the rest as unhandled errors.
-            failures.error_of(ref)
-        verdict = failures.attribute(snapshot)
-        raise failures.error_for(verdict, self.settings.timeout_s) from first
-
-    def _abort(self, running: job.Job) -> None:
-        """Stops a job whose call did not complete, at once; the executor ends FAILED."""
-        if not self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-            return
-        try:
-            job.release(running.held, grace_s=0)
-        finally:
-            self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.FAILED)
 
     # ------------------------------------------------------------------------- stop
 
@@ -518,34 +312,14 @@ class RayExecutor:
             if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
                 logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
                 return
-        if self.elastic is not None:
-            self._stop_elastic()
-            return
         with self._lock:
-            running = self._job
+            # Under the lock calls are admitted: none begins once this moved.
             busy = self._calls_in_flight > 0
-        if not lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-            return
-        try:
-            job.release(running.held, grace_s=0 if busy else STOP_GRACE_S)
-        finally:
-            lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
-        logger.debug("Horovod job stopped")
-
-    def _stop_elastic(self) -> None:
-        """An elastic job holds nothing between runs; a run in progress is ended."""
-        with self._lock:
-            # Under the lock run() checks: no new run can begin once this moved.
-            moved = self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
-            current = self._elastic_run
-        try:
-            if current is not None:
-                current.stop()  # its run() then raises in the caller's thread
-                if not current.ended.wait(STOP_CANCEL_S):
-                    logger.warning("the elastic run did not end within %gs", STOP_CANCEL_S)
-        finally:
-            if moved:
-                self._lifecycle.transition([ExecutorState.STOPPING], ExecutorState.STOPPED)
+            moved = lifecycle.is_in(ExecutorState.RUNNING)
+        if moved:
+            lifecycle.finish(
+                lambda: self._job.stop(grace_s=0 if busy else STOP_GRACE_S), ExecutorState.STOPPED
+            )
 
     shutdown = stop
 
@@ -557,41 +331,43 @@ class RayExecutor:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _refuse_elastic(self, action: str) -> None:
-        if self.elastic is not None:
-            raise ExecutorStateError(
-                f"{action} is not available on an elastic job: its ranks exist only while "
-                f"run() runs (use run(fn), with hvd.elastic.run inside fn)"
-            )
-
-    def _running(self, action: str) -> job.Job:
-        self._refuse_elastic(action)
+    def _running(self, action: str, call: calls.Call | None = None) -> job.JobKind:
+        """The job, if it can take ``action`` now (a ``call`` is then admitted)."""
+        kind = self._job
+        kind.refuse(action, call)
         with self._lock:
-            state, running = self.state, self._job
-        if state is ExecutorState.RUNNING and running is not None:
-            return running
-        if state is ExecutorState.CREATED:
-            hint = "call start() first (or use `with RayExecutor(...) as executor:`)"
-        elif state is ExecutorState.FAILED:
-            hint = "the job failed and was stopped; create a new RayExecutor"
-        else:
-            hint = "the job was stopped; create a new RayExecutor"
-        raise ExecutorStateError(
-            f"{action} needs a running executor, this one is {state.value}: {hint}"
+            state = self.state
+            if state is ExecutorState.RUNNING:
+                if call is not None:
+                    kind.admit()
+                return kind
+        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")
+
+
+def _start_inputs(
+    executable_cls: object,
+    executable_args: Sequence[Any] | None,
+    executable_kwargs: Mapping[str, Any] | None,
+    extra_env_vars: Mapping[str, object] | None,
+) -> tuple[dict[str, str], bytes | None]:
+    """start()'s arguments checked, and what it needs checked before anything is taken:
+    the ranks' extra environment and ``executable_cls`` pickled with its arguments."""
+    if executable_cls is not None and not callable(executable_cls):
+        raise ConfigError(
+            "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
         )
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-def _interrupt_in(err: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C behind ``err``, if it is one.
-
-    Ctrl-C landing just as a Ray wait returns surfaces as CPython's SystemError
-    ("returned a result with an exception set") caused by the KeyboardInterrupt.
-    """
-    if isinstance(err, KeyboardInterrupt):
-        return err
-    if isinstance(err, SystemError) and isinstance(err.__cause__, KeyboardInterrupt):
-        return err.__cause__
-    return None
+    args = calls.as_tuple("executable_args", executable_args)
+    kwargs = calls.as_kwargs("executable_kwargs", executable_kwargs)
+    executable = (
+        None
+        if executable_cls is None
+        else calls.pickle_value("executable_cls", (executable_cls, args, kwargs))
+    )
+    env = check_env(extra_env_vars)
+    require_gloo()
+    if not ray.is_initialized():
+        raise HorovodRayError(
+            "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
+            "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
+        )
+    return env, executable

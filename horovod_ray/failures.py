@@ -1,37 +1,27 @@
-"""Who failed: look at every rank once a call failed, then decide without Ray.
+"""Who failed and what the caller sees, for both kinds of job: pure functions, no Ray.
 
-A rank that loses a peer fails too, often before Ray reports the peer's death (Gloo sees
-the closed socket first), and horovod may abort its process. So after a failure
-:func:`probe` asks every rank for a sign of life (live ranks answer at once, even
-mid-collective; dead ones fail the ping; ranks on a lost node stay silent), asks nodes
-whose every rank died whether the node itself still runs, and returns a
-:class:`Snapshot`. :func:`attribute` is a pure function of that snapshot: causes and
-consequences, and :func:`error_for` the exception the caller sees.
+* A static job: after a call failed, ``probe.probe`` looks at every rank and returns a
+  :class:`Snapshot`; :func:`attribute` separates causes from consequences (a rank that
+  loses a peer fails too) and :func:`error_for` is the exception the caller sees.
+* An elastic job: horovod's driver recovers from lost ranks and nodes itself (the
+  survivors reset); when a run ends, :func:`elastic_error` decides from an
+  :class:`ElasticEnd` whether it failed, and why (too few slots for too long, too many
+  resets, ranks that failed in the last world).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import re
-import time
-from typing import Any, Mapping, Sequence
-
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from typing import Mapping
 
 from horovod_ray.errors import (
+    ElasticLimitError,
     HorovodRayError,
     RendezvousError,
     WorkerFailedError,
     describe_failures,
 )
-
-# After a failure, seconds a rank (or a node) gets to answer before it is taken as lost.
-LIVENESS_TIMEOUT_S = 5.0
-# After a rank is found lost, seconds before the others are asked again: a lost node's
-# processes do not all die at the same instant.
-LOST_RECHECK_S = 1.0
 
 
 class Seen(enum.Enum):
@@ -40,7 +30,7 @@ class Seen(enum.Enum):
     ALIVE = "alive"  # it answered (or its call returned or raised)
     DIED = "died"  # Ray reports the process dead
     UNREACHABLE = "unreachable"  # Ray cannot reach it (its node is going or gone)
-    SILENT = "silent"  # no answer within LIVENESS_TIMEOUT_S
+    SILENT = "silent"  # no answer within probe.LIVENESS_TIMEOUT_S
 
 
 LOST = frozenset({Seen.DIED, Seen.UNREACHABLE, Seen.SILENT})
@@ -123,7 +113,7 @@ def wholly_lost_nodes(snapshot: Snapshot) -> set[str]:
 
 
 def attribute(snapshot: Snapshot) -> Verdict:
-    """Causes and consequences of a failure, from what :func:`probe` saw.
+    """Causes and consequences of a failure, from what ``probe.probe`` saw.
 
     Lost ranks (dead, unreachable, silent) are the cause when there are any, except lost
     ranks on nodes that are not gone while another node is: those followed it. Without
@@ -170,136 +160,70 @@ def error_for(verdict: Verdict, timeout_s: float) -> HorovodRayError:
     return WorkerFailedError(verdict.causes)
 
 
-# ------------------------------------------------------------------------------ the I/O
+# ------------------------------------------------------------------------ elastic jobs
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+@dataclasses.dataclass(frozen=True)
+class ElasticEnd:
+    """How an elastic run ended, as its driver and its slots saw it.
 
-
-def describe(err: BaseException, where: str) -> str:
-    """One rank's failure as a message line: what happened, where, the original text."""
-    text = _ANSI.sub("", str(err))  # Ray colours its traceback headers
-    if isinstance(err, ray.exceptions.RayActorError):
-        return f"process died {where}: {text}"
-    return f"raised {where}:\n{text}"
-
-
-def error_of(ref: ray.ObjectRef) -> BaseException | None:
-    """The error ``ref`` holds, None if it holds a value or is not ready."""
-    try:
-        ray.get(ref, timeout=0)
-    except ray.exceptions.GetTimeoutError:
-        return None
-    except ray.exceptions.RayError as err:
-        return err
-    return None
-
-
-def _seen_in(err: BaseException | None) -> Seen:
-    if isinstance(err, ray.exceptions.ActorUnavailableError):
-        return Seen.UNREACHABLE
-    if isinstance(err, ray.exceptions.RayActorError):
-        return Seen.DIED
-    return Seen.ALIVE
-
-
-def probe(
-    workers: Sequence[Any],
-    wheres: Sequence[str],
-    node_ids: Sequence[str],
-    refs: Sequence[ray.ObjectRef],
-    joined: set[int] | None,
-    elapsed_s: float,
-    timeout_s: float,
-) -> tuple[Snapshot, BaseException | None]:
-    """Looks at every rank of a failed call (and at nodes whose every rank was lost).
-
-    Args:
-        workers: The ranks' actors, in world-rank order.
-        wheres: Each rank's "on node ... (ip, pid ...)".
-        node_ids: Each rank's node.
-        refs: The failed call's refs: ``refs[r]`` is rank r's (fewer for a rank-0 call).
-        joined: World ranks that joined the rendezvous; None when unknown.
-        elapsed_s: How long the call ran.
-        timeout_s: The job's Gloo timeout.
-
-    Returns:
-        The snapshot, and the first error raised by a rank (to chain from).
+    Attributes:
+        available: Slots the cluster could hold at the end (capped at ``max_workers``).
+        timed_out_waiting: A wait for ``min_workers`` slots timed out (at start or in a
+            reset).
+        crashed: The driver's own thread raised this (not a rank's failure).
+        driver_message: Why horovod's driver stopped, "" when it did not give up.
+        reset_limit_hit: ``driver_message`` says the reset limit was passed.
+        exit_failed: Some slot of the final world ended with a non-zero code.
+        final_size: Ranks in the final world.
+        num_results: Results the final world returned.
+        last_failures: World rank -> what failed, in the final world only (earlier worlds'
+            failures were recovered from).
     """
-    n = len(workers)
-    raised: dict[int, BaseException] = {}
-    seen: dict[int, tuple[Seen, str]] = {}
-    # What had failed when the first failure was seen: the candidates for the cause.
-    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-    for ref in ready:
-        rank, err = list(refs).index(ref), error_of(ref)
-        if _seen_in(err) is not Seen.ALIVE:
-            seen[rank] = (_seen_in(err), describe(err, wheres[rank]))
-        elif err is not None:
-            raised[rank] = err
-    _ping(workers, wheres, refs, [r for r in range(n) if r not in seen], seen)
-    if seen and len(seen) < n:
-        time.sleep(LOST_RECHECK_S)
-        _ping(workers, wheres, refs, [r for r in range(n) if r not in seen], seen)
 
-    views = []
-    for rank in range(n):
-        state, text = seen.get(rank, (Seen.ALIVE, ""))
-        err = raised.get(rank)
-        views.append(
-            RankView(
-                node_id=node_ids[rank],
-                where=wheres[rank],
-                raised=None if err is None else _ANSI.sub("", str(err)),
-                seen=state,
-                lost_text=text,
-                joined=None if joined is None else rank in joined,
-            )
+    available: int
+    timed_out_waiting: bool = False
+    crashed: BaseException | None = None
+    driver_message: str = ""
+    reset_limit_hit: bool = False
+    exit_failed: bool = False
+    final_size: int = 0
+    num_results: int = 0
+    last_failures: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+
+def elastic_error(
+    end: ElasticEnd, min_workers: int, reset_limit: int | None, elastic_timeout_s: float
+) -> HorovodRayError | None:
+    """The exception an elastic run that ended so raises; None when it succeeded.
+
+    Too few slots for too long comes first (a timed-out wait is why the driver stopped,
+    whatever else it says), then a crash of the driver itself, then the reset limit,
+    then ranks of the final world that failed or returned nothing.
+    """
+    if end.timed_out_waiting:
+        return ElasticLimitError(
+            "min_workers",
+            min_workers,
+            end.available,
+            f"elastic job stopped: fewer than min_workers={min_workers} ranks could be "
+            f"placed for elastic_timeout={elastic_timeout_s:g}s (wanted {min_workers}, the "
+            f"cluster could hold {end.available}); add capacity or lower min_workers",
         )
-    snapshot = Snapshot(tuple(views), {}, elapsed_s, timeout_s)
-    wholly = wholly_lost_nodes(snapshot)
-    if wholly and len(wholly) < len(set(node_ids)):
-        snapshot = dataclasses.replace(snapshot, node_alive=_nodes_alive(wholly))
-    return snapshot, next(iter(raised.values()), None)
-
-
-def _ping(
-    workers: Sequence[Any],
-    wheres: Sequence[str],
-    refs: Sequence[ray.ObjectRef],
-    ranks: list[int],
-    seen: dict[int, tuple[Seen, str]],
-) -> None:
-    """Adds to ``seen`` those of ``ranks`` whose process died or that stay silent."""
-    pings = {rank: workers[rank].ping.remote() for rank in ranks}
-    _, silent = ray.wait(list(pings.values()), num_returns=len(pings), timeout=LIVENESS_TIMEOUT_S)
-    for rank, ping in pings.items():
-        # The call's own outcome first: a rank whose call died is lost whatever else.
-        outcome = error_of(refs[rank]) if rank < len(refs) else None
-        if _seen_in(outcome) is not Seen.ALIVE:
-            seen[rank] = (_seen_in(outcome), describe(outcome, wheres[rank]))
-        elif ping in silent:
-            seen[rank] = (
-                Seen.SILENT,
-                f"did not answer within {LIVENESS_TIMEOUT_S:g}s {wheres[rank]}: the node "
-                f"was lost or the process hung",
-            )
-        elif _seen_in(err := error_of(ping)) is not Seen.ALIVE:
-            seen[rank] = (_seen_in(err), describe(err, wheres[rank]))
-
-
-@ray.remote(num_cpus=0)
-def _node_answers() -> bool:
-    return True
-
-
-def _nodes_alive(node_ids: set[str]) -> dict[str, bool]:
-    """Whether each node still runs tasks: a no-op pinned to it, within the liveness time."""
-    refs = {
-        node: _node_answers.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-        ).remote()
-        for node in node_ids
-    }
-    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=LIVENESS_TIMEOUT_S)
-    return {node: ref in ready and error_of(ref) is None for node, ref in refs.items()}
+    if end.crashed is not None:
+        return HorovodRayError(f"elastic job failed: {end.crashed}")
+    if end.reset_limit_hit:
+        return ElasticLimitError(
+            "reset_limit",
+            min_workers,
+            end.available,
+            f"elastic job stopped: more than reset_limit={reset_limit} resets (wanted at "
+            f"least {min_workers} ranks, the cluster could hold {end.available}); resets "
+            f"for growth count too",
+        )
+    if end.driver_message or end.exit_failed or end.num_results != end.final_size:
+        failed = dict(end.last_failures)
+        if end.driver_message:
+            failed.setdefault(-1, f"horovod's elastic driver gave up: {end.driver_message}")
+        return WorkerFailedError(failed or {-1: "the job ended without every result"})
+    return None

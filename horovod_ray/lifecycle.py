@@ -1,11 +1,17 @@
-"""Where a job is in its life: the states, the moves allowed between them, one writer."""
+"""Where a job is in its life: the states, the moves allowed between them, one writer.
+
+:class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
+elastic run's (``elastic.RunState``).
+"""
 
 from __future__ import annotations
 
 import enum
 import threading
 import time
-from typing import Iterable
+from typing import Any, Callable, Iterable, Mapping
+
+from horovod_ray.errors import StartCancelledError
 
 
 class ExecutorState(enum.Enum):
@@ -45,18 +51,59 @@ TRANSITIONS: dict[ExecutorState, frozenset[ExecutorState]] = {
 FINAL = frozenset({_S.STOPPED, _S.FAILED})
 
 
-class Lifecycle:
-    """A job's state; :meth:`transition` is the only place it changes."""
+class RunState(enum.Enum):
+    """Where an elastic run is.
 
-    def __init__(self) -> None:
-        self._state = ExecutorState.CREATED
+    Allowed transitions (``RUN_TRANSITIONS``), in ``elastic.ElasticRun``::
+
+        CREATED -> RUNNING -> STOPPING -> ENDED
+        CREATED -> STOPPING                 (stop() before the run began)
+
+    The run's own thread moves RUNNING -> STOPPING when the driver finished, stop() does
+    from any thread; only the run's thread moves STOPPING -> ENDED, once all is released.
+    """
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    ENDED = "ended"
+
+
+_R = RunState
+RUN_TRANSITIONS = {
+    _R.CREATED: frozenset({_R.RUNNING, _R.STOPPING}),
+    _R.RUNNING: frozenset({_R.STOPPING}),
+    _R.STOPPING: frozenset({_R.ENDED}),
+    _R.ENDED: frozenset(),
+}
+
+
+class Lifecycle:
+    """A state and its table of moves; :meth:`transition` is the only place it changes.
+
+    Args:
+        transitions: State -> the states it may move to (the executor's by default).
+        initial: The first state.
+    """
+
+    def __init__(
+        self,
+        transitions: Mapping[enum.Enum, frozenset] = TRANSITIONS,
+        initial: enum.Enum = ExecutorState.CREATED,
+    ) -> None:
+        self._transitions = transitions
+        self._state = initial
         self._changed = threading.Condition()
 
     @property
-    def state(self) -> ExecutorState:
+    def state(self) -> Any:
         return self._state
 
-    def transition(self, allowed_from: Iterable[ExecutorState], to: ExecutorState) -> bool:
+    def is_in(self, *states: enum.Enum) -> bool:
+        """Whether the state is one of ``states``."""
+        return self._state in states
+
+    def transition(self, allowed_from: Iterable[enum.Enum], to: enum.Enum) -> bool:
         """Moves to ``to`` if the state is one of ``allowed_from``; says whether it moved.
 
         Raises:
@@ -66,13 +113,13 @@ class Lifecycle:
             current = self._state
             if current not in set(allowed_from):
                 return False
-            if to not in TRANSITIONS[current]:
+            if to not in self._transitions[current]:
                 raise RuntimeError(f"no transition {current.value} -> {to.value}")
             self._state = to
             self._changed.notify_all()
             return True
 
-    def wait_for(self, states: Iterable[ExecutorState], timeout_s: float) -> bool:
+    def wait_for(self, states: Iterable[enum.Enum], timeout_s: float) -> bool:
         """Waits until the state is one of ``states``; False if ``timeout_s`` passed first."""
         wanted = set(states)
         deadline = time.monotonic() + timeout_s
@@ -83,3 +130,43 @@ class Lifecycle:
                     return False
                 self._changed.wait(left)
             return True
+
+    def finish_start(self, release: Callable[[], None], cancelled: bool) -> None:
+        """After a failed start: ``release()``, then STARTING -> FAILED (STOPPED when
+        stop() cancelled the start), whatever it raised."""
+        try:
+            release()
+        finally:
+            final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
+            self.transition([ExecutorState.STARTING], final)
+
+    def finish(self, release: Callable[[], None], final: ExecutorState) -> bool:
+        """RUNNING -> STOPPING, ``release()``, then ``final`` (STOPPED or FAILED) whatever
+        it raised; False, with nothing done, when the state was not RUNNING."""
+        if not self.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+            return False
+        try:
+            release()
+        finally:
+            self.transition([ExecutorState.STOPPING], final)
+        return True
+
+
+def state_hint(state: ExecutorState) -> str:
+    """What to do about a call in ``state``, for the error that refuses it."""
+    if state is ExecutorState.CREATED:
+        hint = "call start() first (or use `with RayExecutor(...) as executor:`)"
+    elif state is ExecutorState.FAILED:
+        hint = "the job failed and was stopped; create a new RayExecutor"
+    else:
+        hint = "the job was stopped; create a new RayExecutor"
+    return f"this one is {state.value}: {hint}"
+
+
+class Cancel(threading.Event):
+    """Set by stop() while start() runs; the start's waits call :meth:`check`."""
+
+    def check(self) -> None:
+        """Raises StartCancelledError once set: the start gives up where it is."""
+        if self.is_set():
+            raise StartCancelledError()

@@ -20,6 +20,8 @@ from horovod_ray.errors import ConfigError
 
 # Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
 LOG_POLL_S = 5.0
+# How often a wait that may be ended (an elastic slot's) checks whether it should end.
+CHECK_S = 0.1
 
 
 class LogChannel:
@@ -139,48 +141,66 @@ def take(call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
 # ------------------------------------------------------------------------ driver's half
 
 
+def to_all(callbacks: Iterable[Callable[[dict], None]]) -> Callable[[dict], None]:
+    """One delivery that hands each dict to every callback, in order."""
+    callbacks = list(callbacks)
+
+    def deliver(item: dict) -> None:
+        for callback in callbacks:
+            callback(item)
+
+    return deliver
+
+
 def collect(
     rank0: Any,
     refs: list[ray.ObjectRef],
-    callbacks: Iterable[Callable[[dict], None]],
+    deliver: Callable[[dict], None],
     call_id: int,
+    check: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Waits for ``refs`` while delivering rank 0's dicts of call ``call_id``.
+
+    Args:
+        rank0: The actor whose channel is polled (an elastic slot polls its own).
+        refs: The call's refs, one per rank.
+        deliver: Gets each dict, in order, while the call runs.
+        call_id: The call whose dicts are wanted.
+        check: Called every ~0.1 s; whatever it raises ends the wait (an elastic slot
+            that horovod's driver lets go).
 
     Raises:
         ray.exceptions.RayError: As soon as a rank failed.
     """
+    poll_s = None if check is None else CHECK_S
     poll = rank0.next_logs.remote(call_id, LOG_POLL_S)
     pending = list(refs)
     while pending:
-        ready, _ = ray.wait([poll, *pending], num_returns=1)
+        ready, _ = ray.wait([poll, *pending], num_returns=1, timeout=poll_s)
+        if not ready:
+            check()
+            continue
         if ready[0] == poll:
             items, finished = ray.get(poll)
-            _deliver(callbacks, items)
+            for item in items:
+                deliver(item)
             poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
             continue
         pending = [ref for ref in pending if ref != ready[0]]
         ray.get(ready[0])  # raises at once when that rank failed
-    _deliver(callbacks, remaining(rank0, poll, call_id))
+    for item in remaining(rank0, poll, call_id):
+        deliver(item)
     return ray.get(refs)
 
 
 def remaining(rank0: Any, poll: ray.ObjectRef | None, call_id: int) -> list[dict]:
     """Rank 0's last dicts of call ``call_id``, once that call has returned.
 
-    Rank 0 has queued all it will log for the call by then: the poll in flight (None when
-    an earlier poll saw the call end and took everything) answers at once, with dicts it
-    may already hold, and one more without waiting takes any that came after it.
+    Rank 0 has queued all it will log for the call by then: the poll in flight answers
+    at once, with dicts it may already hold, and one more without waiting takes any that
+    came after it.
     """
-    if poll is None:
-        return []
     items, finished = ray.get(poll)
     if not finished:
         items = [*items, *ray.get(rank0.next_logs.remote(call_id, 0))[0]]
     return items
-
-
-def _deliver(callbacks: Iterable[Callable[[dict], None]], items: Iterable[dict]) -> None:
-    for item in items:
-        for callback in callbacks:
-            callback(item)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import time
 from typing import Callable, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from horovod_ray.bringup import wait_all
 from horovod_ray.errors import ConfigError, PlacementTimeoutError
 from horovod_ray.settings import WorkerLayout
 
@@ -102,26 +102,6 @@ def current_group(layout: WorkerLayout) -> PlacementGroup | None:
     if not layout.use_current_placement_group:
         return None
     return ray.util.get_current_placement_group()
-
-
-# How often a wait gives its caller a chance to give up.
-_POLL_S = 0.1
-
-
-def wait_all(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None]) -> list:
-    """ray.wait for all of ``refs``, calling ``check`` every ~0.1 s; returns those not ready.
-
-    Whatever ``check`` raises ends the wait (start() uses it to be cancelled by stop()).
-    """
-    deadline = time.monotonic() + timeout_s
-    pending = list(refs)
-    while pending:
-        check()
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, _POLL_S))
-    return pending
 
 
 def reserve(

@@ -13,12 +13,17 @@ Worked example: five workers started in the order node ids ``a, b, a, c, a``::
     local_size:  3  1  3  1  3
     cross_rank:  0  1  0  2  0      (local rank 0 exists on a, b, c; 1 and 2 on a only)
     cross_size:  3  3  1  3  1
+
+This is where a static job's ranks are numbered. An elastic job's ranks are numbered by
+horovod's own elastic driver (its host assignment, for each world); ``_elastic_driver``
+turns each of its slots into the same :class:`RankInfo` at the edge, with the node's GPUs
+gathered by ``bringup.NodeGpus`` as :func:`visible_gpus` does here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +73,11 @@ def _gpu_sort_key(gpu_id: str) -> tuple[int, int, str]:
     return (0, int(gpu_id), "") if gpu_id.isdigit() else (1, 0, gpu_id)
 
 
+def visible_gpus(gpu_ids: Iterable[Iterable[str]]) -> tuple[str, ...]:
+    """What every rank of a node sees: the sorted, unique GPU ids of the node's ranks."""
+    return tuple(sorted({gpu for ids in gpu_ids for gpu in ids}, key=_gpu_sort_key))
+
+
 def assign_ranks(records: Sequence[WorkerRecord]) -> list[RankInfo]:
     """Assigns Horovod ranks to workers, grouping them by node.
 
@@ -100,8 +110,7 @@ def assign_ranks(records: Sequence[WorkerRecord]) -> list[RankInfo]:
     infos: list[RankInfo | None] = [None] * len(records)
     world_rank = 0
     for node, indices in by_node.items():
-        gpus = {gpu for i in indices for gpu in records[i].gpu_ids}
-        visible = tuple(sorted(gpus, key=_gpu_sort_key))
+        visible = visible_gpus(records[i].gpu_ids for i in indices)
         for local_rank, index in enumerate(indices):
             peers = cross_nodes[local_rank]
             infos[index] = RankInfo(
@@ -116,3 +125,27 @@ def assign_ranks(records: Sequence[WorkerRecord]) -> list[RankInfo]:
             )
             world_rank += 1
     return [info for info in infos if info is not None]
+
+
+def membership_change(
+    before: Sequence[RankInfo], after: Sequence[RankInfo], reset: int
+) -> dict[str, Any]:
+    """What changed between two worlds, as the dict the callbacks get.
+
+    A slot is a (node, local rank) pair: ``ranks_removed`` are the old world's ranks of
+    slots that are gone, ``ranks_added`` the new world's ranks of slots that are new.
+    """
+    old = {(rank.node_id, rank.local_rank): rank.world_rank for rank in before}
+    new = {(rank.node_id, rank.local_rank): rank.world_rank for rank in after}
+    nodes_before = {host for host, _ in old}
+    nodes_after = {host for host, _ in new}
+    return {
+        "event": "membership",
+        "reset": reset,
+        "size_before": len(before),
+        "size_after": len(after),
+        "nodes_added": sorted(nodes_after - nodes_before),
+        "nodes_removed": sorted(nodes_before - nodes_after),
+        "ranks_added": sorted(rank for slot, rank in new.items() if slot not in old),
+        "ranks_removed": sorted(rank for slot, rank in old.items() if slot not in new),
+    }

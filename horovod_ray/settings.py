@@ -306,3 +306,78 @@ class ElasticLayout:
             object.__setattr__(self, "cooldown_range", bounds)
         require_positive("elastic_timeout", self.elastic_timeout_s)
         require_positive("discovery_interval_s", self.discovery_interval_s)
+
+
+def job_layouts(
+    *,
+    num_workers: int | None,
+    num_hosts: int | None,
+    num_workers_per_host: int | None,
+    cpus_per_worker: float,
+    use_gpu: bool,
+    gpus_per_worker: float | None,
+    use_current_placement_group: bool,
+    **elastic: object,
+) -> tuple[WorkerLayout, ElasticLayout | None]:
+    """RayExecutor's arguments as layouts: what each rank reserves, and the elastic
+    bounds (``elastic``: min/max_workers and the limits) when ``min_workers`` or
+    ``max_workers`` is given, else None (a static job).
+
+    Raises:
+        ConfigError: Naming the argument that does not fit.
+    """
+    min_workers, max_workers = elastic["min_workers"], elastic["max_workers"]
+    limits = {k: v for k, v in elastic.items() if k not in ("min_workers", "max_workers")}
+    bounds = None
+    if min_workers is None and max_workers is None:
+        for name, value in limits.items():
+            if value is not None:
+                raise ConfigError(
+                    name, f"{name} is for elastic jobs: give min_workers too, or drop it"
+                )
+    else:
+        if num_workers is not None or num_hosts is not None:
+            raise ConfigError(
+                "min_workers",
+                "an elastic job (min_workers/max_workers) sizes itself: leave num_workers "
+                "and num_hosts unset",
+            )
+        if min_workers is None:
+            raise ConfigError(
+                "min_workers", "max_workers needs min_workers (the fewest ranks to run on)"
+            )
+        timeout, interval = limits["elastic_timeout"], limits["discovery_interval_s"]
+        bounds = ElasticLayout(
+            min_workers=min_workers,
+            max_workers=max_workers,
+            reset_limit=limits["reset_limit"],
+            cooldown_range=limits["cooldown_range"],
+            elastic_timeout_s=600 if timeout is None else timeout,
+            discovery_interval_s=1.0 if interval is None else interval,
+        )
+        num_workers = min_workers
+    layout = WorkerLayout(
+        num_workers=num_workers,
+        num_hosts=num_hosts,
+        num_workers_per_host=num_workers_per_host,
+        cpus_per_worker=cpus_per_worker,
+        use_gpu=use_gpu,
+        gpus_per_worker=gpus_per_worker,
+        use_current_placement_group=use_current_placement_group,
+    )
+    if not use_current_placement_group:
+        layout.require_counts()
+    return layout, bounds
+
+
+def require_settings(settings: object) -> Settings:
+    """``settings`` as RayExecutor takes it: None means the defaults."""
+    if settings is None:
+        return create_settings()
+    if not isinstance(settings, Settings):
+        raise ConfigError(
+            "settings",
+            f"settings must come from RayExecutor.create_settings(...), "
+            f"got {type(settings).__name__}",
+        )
+    return settings

@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from horovod_ray import RayExecutor
-from horovod_ray.elastic import ElasticRun
+from horovod_ray import RayExecutor, logs
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
-from horovod_ray.settings import ElasticLayout, WorkerLayout
 from test.conftest import start_cluster, stop_ray
 from test.elastic_training import train, train_keras
 
@@ -317,12 +315,10 @@ class _LastDictInFlight:
 def test_a_slot_delivers_the_dict_its_last_poll_holds(cluster):
     """The rank's last log() dict reaches the callbacks even when its call's result is
     seen before the poll that took that dict (CI once lost it: 25 dicts for 26 steps)."""
-    run = ElasticRun(
-        RayExecutor.create_settings(), ElasticLayout(min_workers=1), WorkerLayout(), {}, None
-    )
     channel = _LastDictInFlight.remote()
-    assert run._wait_call(channel, ray.put("result"), []) == "result"
-    assert list(run._events.queue) == [{"step": 26}]
+    seen = []
+    assert logs.collect(channel, [ray.put("result")], seen.append, 1, lambda: None) == ["result"]
+    assert seen == [{"step": 26}]
 
 
 def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):

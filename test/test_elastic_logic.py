@@ -6,8 +6,10 @@ import pytest
 from horovod.runner.common.util.hosts import SlotInfo
 
 from horovod_ray import RayExecutor
-from horovod_ray.elastic import membership_change, node_slots
+from horovod_ray._elastic_driver import rank_info
+from horovod_ray.discovery import node_slots
 from horovod_ray.errors import ConfigError
+from horovod_ray.ranks import RankInfo, membership_change
 from horovod_ray.settings import ElasticLayout
 
 
@@ -34,12 +36,13 @@ def test_node_slots_is_bounded_by_the_scarcest_resource():
     assert node_slots(nodes, {"CPU": 1.0, "GPU": 1.0}) == {"g": 2}
 
 
-def _world(hosts: list[tuple[str, int]]) -> list[SlotInfo]:
+def _world(hosts: list[tuple[str, int]]) -> list[RankInfo]:
+    """A world as horovod's driver numbers it, taken in at the edge as rank records."""
     size = sum(n for _, n in hosts)
     slots, rank = [], 0
     for host, count in hosts:
         for local in range(count):
-            slots.append(SlotInfo(host, rank, local, 0, size, count, 1))
+            slots.append(rank_info(SlotInfo(host, rank, local, 0, size, count, 1)))
             rank += 1
     return slots
 

@@ -81,7 +81,7 @@ class TestRunningJob:
             assert executor.execute_single(second) == "second"  # rank 0 only
             assert executor.execute(second) == ["second"] * 3
         # Past the cache size, functions still run, sent whole each time.
-        monkeypatch.setattr(executor._dispatcher, "_cache_size", 0)
+        monkeypatch.setattr(executor._job._dispatcher, "_cache_size", 0)
         assert executor.execute(make("third")) == ["third"] * 3
         assert executor.execute(first) == ["first"] * 3
 
@@ -379,7 +379,8 @@ def test_ctrl_c_that_ray_reports_as_system_error_stays_a_keyboard_interrupt(ray_
 
 
 class _RayInterruptedWhileWaiting:
-    """Ray as placement.py sees it, but Ctrl-C lands in its wait the way CPython reports it."""
+    """Ray as the start's one wait (bringup.wait_all) sees it, but Ctrl-C lands in the wait
+    the way CPython reports it."""
 
     def __getattr__(self, name):
         return getattr(ray, name)
@@ -395,9 +396,9 @@ class _RayInterruptedWhileWaiting:
 def test_ctrl_c_while_placing_removes_the_group_and_stays_a_keyboard_interrupt(
     ray_4cpu, no_leaks, monkeypatch
 ):
-    from horovod_ray import placement
+    from horovod_ray import bringup
 
-    monkeypatch.setattr(placement, "ray", _RayInterruptedWhileWaiting())
+    monkeypatch.setattr(bringup, "ray", _RayInterruptedWhileWaiting())
     executor = RayExecutor(SETTINGS, num_workers=2)
     with pytest.raises(KeyboardInterrupt):
         executor.start()
@@ -478,18 +479,31 @@ def test_nics_take_the_first_interface_a_node_has(ray_4cpu, no_leaks):
         assert executor.run(lambda: os.environ["HOROVOD_GLOO_IFACE"]) == [iface, iface]
 
 
-def test_fake_gpus_share_cuda_visible_devices_per_node():
+def _gpus_seen() -> tuple[str, list[str], int]:
+    """A rank's CUDA_VISIBLE_DEVICES, the GPUs Ray gave it, and its local rank."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return os.environ["CUDA_VISIBLE_DEVICES"], [str(g) for g in ray.get_gpu_ids()], hvd.local_rank()
+
+
+@pytest.mark.parametrize("kind", ["static", "elastic"])
+def test_fake_gpus_share_cuda_visible_devices_per_node(kind):
+    """Every rank of a node sees the node's GPUs, so that horovod's own idiom
+    ``gpus[hvd.local_rank()]`` works on every local rank, in both kinds of job (an
+    elastic rank once saw only its own GPU)."""
     from test.conftest import start_local_ray
 
-    start_local_ray(num_cpus=4, num_gpus=4)
+    start_local_ray(num_cpus=4, num_gpus=2)
     try:
-        executor = RayExecutor(SETTINGS, num_workers=2, use_gpu=True)
-        with executor:
-            visible = executor.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
-            own = executor.run(lambda: [str(g) for g in ray.get_gpu_ids()])
-        expected = ",".join(sorted({g for ids in own for g in ids}, key=int))
-        assert visible == [expected, expected]
-        assert len(expected.split(",")) == 2
+        sizes = {"static": {"num_workers": 2}, "elastic": {"min_workers": 2, "max_workers": 2}}
+        with RayExecutor(SETTINGS, use_gpu=True, **sizes[kind]) as executor:
+            seen = executor.run(_gpus_seen)
+        own = sorted((g for _, ids, _ in seen for g in ids), key=int)
+        assert len(own) == 2
+        assert [visible for visible, _, _ in seen] == [",".join(own)] * 2
+        # Local rank i takes GPU i of what it sees: two ranks, two different GPUs.
+        assert sorted(visible.split(",")[local] for visible, _, local in seen) == own
     finally:
         start_local_ray(4)
 

@@ -1,4 +1,4 @@
-"""Failure attribution as a pure function: tables of snapshots, no Ray."""
+"""Failure policy as pure functions, for both kinds of job: tables, no Ray."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ import dataclasses
 
 import pytest
 
-from horovod_ray import RendezvousError, WorkerFailedError
-from horovod_ray.failures import RankView, Seen, Snapshot, attribute, error_for, gone_nodes
+from horovod_ray import ElasticLimitError, HorovodRayError, RendezvousError, WorkerFailedError
+from horovod_ray.failures import (
+    ElasticEnd,
+    RankView,
+    Seen,
+    Snapshot,
+    attribute,
+    elastic_error,
+    error_for,
+    gone_nodes,
+)
 
 A, D, U, S = Seen.ALIVE, Seen.DIED, Seen.UNREACHABLE, Seen.SILENT
 
@@ -100,3 +109,71 @@ def test_error_for_names_causes_and_lists_consequences_apart():
     assert "Ranks 0 failed after losing their peers (not the cause)." in str(error)
     raised = error_for(attribute(snapshot("ab", "aa", ".x")), 60)
     assert raised.failures == {1: "raised on node b:\nBoom"}
+
+
+# ------------------------------------------------------------------------ elastic jobs
+
+ELASTIC = {"min_workers": 2, "reset_limit": 3, "elastic_timeout_s": 30}
+
+
+@pytest.mark.parametrize(
+    "end, error, parameter, text",
+    [
+        # A clean end: every rank of the final world returned.
+        (ElasticEnd(4, final_size=4, num_results=4), None, None, ""),
+        # Too few slots for too long wins over whatever else the driver says.
+        (
+            ElasticEnd(1, timed_out_waiting=True, driver_message="no hosts", final_size=2),
+            ElasticLimitError,
+            "min_workers",
+            "elastic_timeout=30s (wanted 2, the cluster could hold 1)",
+        ),
+        (
+            ElasticEnd(4, driver_message="exceeded", reset_limit_hit=True, final_size=4),
+            ElasticLimitError,
+            "reset_limit",
+            "more than reset_limit=3 resets",
+        ),
+        (ElasticEnd(4, crashed=RuntimeError("driver bug")), HorovodRayError, None, "driver bug"),
+        # The final world's failures, and the driver's reason as rank -1.
+        (
+            ElasticEnd(
+                2,
+                driver_message="no host of the last world left",
+                exit_failed=True,
+                final_size=2,
+                last_failures={1: "process died on node b"},
+            ),
+            WorkerFailedError,
+            None,
+            "process died on node b",
+        ),
+        # A rank that returned nothing, though every exit code was 0.
+        (ElasticEnd(2, final_size=2, num_results=1), WorkerFailedError, None, "every result"),
+    ],
+)
+def test_how_an_elastic_run_ended_decides_its_error(end, error, parameter, text):
+    raised = elastic_error(end, **ELASTIC)
+    if error is None:
+        assert raised is None
+        return
+    assert type(raised) is error
+    assert text in str(raised)
+    if parameter is not None:
+        assert raised.limit == parameter
+    if end.driver_message and error is WorkerFailedError:
+        assert "horovod's elastic driver gave up" in raised.failures[-1]
+
+
+def test_the_reset_limit_is_read_from_horovods_own_message():
+    """horovod's driver says why it stopped only in text: pin the text we look for."""
+    from horovod.runner.elastic.constants import RESET_LIMIT_EXCEEDED_MESSAGE
+
+    from horovod_ray._elastic_driver import reset_limit_hit
+
+    assert RESET_LIMIT_EXCEEDED_MESSAGE == (
+        "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+    )
+    assert reset_limit_hit(RESET_LIMIT_EXCEEDED_MESSAGE.format(3))
+    assert not reset_limit_hit("Horovod was shutdown: no hosts available")
+    assert not reset_limit_hit("")

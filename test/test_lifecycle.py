@@ -63,3 +63,17 @@ def test_wait_for_wakes_on_the_move_and_times_out_without_one():
     mover.start()
     assert lifecycle.wait_for(FINAL, timeout_s=10)
     mover.join()
+
+
+def test_an_elastic_runs_states_end_once_everything_is_released():
+    from horovod_ray.lifecycle import RUN_TRANSITIONS, RunState
+
+    run = Lifecycle(RUN_TRANSITIONS, RunState.CREATED)
+    assert run.transition([RunState.CREATED], RunState.RUNNING)
+    # stop() from another thread and the run's own end both try RUNNING -> STOPPING: once.
+    assert run.transition([RunState.CREATED, RunState.RUNNING], RunState.STOPPING)
+    assert not run.transition([RunState.RUNNING], RunState.STOPPING)
+    assert not run.wait_for({RunState.ENDED}, timeout_s=0.05)
+    assert run.transition([RunState.STOPPING], RunState.ENDED)
+    with pytest.raises(RuntimeError, match="no transition"):
+        run.transition([RunState.ENDED], RunState.RUNNING)

@@ -1,10 +1,10 @@
-"""A job's typed records, without Ray: the rank table the executor logs at start."""
+"""A static job's typed records, without Ray: the rank table the executor logs at start."""
 
 from __future__ import annotations
 
-from horovod_ray.job import Held, Job, Member
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import WorkerRecord, assign_ranks
+from horovod_ray.static import Member, table
 
 
 def test_the_rank_table_has_a_line_per_rank_in_world_rank_order():
@@ -21,7 +21,7 @@ def test_the_rank_table_has_a_line_per_rank_in_world_rank_order():
         ),
         key=lambda m: m.rank.world_rank,
     )
-    lines = Job(tuple(members), Held()).table().splitlines()
+    lines = table(tuple(members)).splitlines()
     assert lines[0].split() == ["rank", "local", "cross", "node", "ip", "gpus"]
     rows = [line.split() for line in lines[1:]]
     assert [row[0] for row in rows] == ["0", "1", "2"]

@@ -1,0 +1,156 @@
+"""One rank's bring-up, the same path for static and elastic jobs.
+
+    spawn the actor on its node -> node facts -> interface choice -> environment -> setup
+
+A static job walks it for all its ranks at once: each actor goes to its placement-group
+bundle, and ranks are numbered (``ranks.assign_ranks``) once every actor has reported
+its node. An elastic job walks it once for each slot horovod's driver starts: the actor
+is pinned to the slot's node, and the driver numbers the ranks. Everything else is here,
+once: the cancellable wait, the rule for a job that stays on the driver's machine, the
+environment a rank gets, the kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Hashable, Iterable, Mapping
+
+import ray
+
+from horovod_ray.ranks import RankInfo, visible_gpus
+from horovod_ray.rendezvous import worker_env
+from horovod_ray.settings import WorkerLayout
+from horovod_ray.worker import RemoteWorker
+
+logger = logging.getLogger(__name__)
+
+# How often a wait gives its caller a chance to give up.
+POLL_S = 0.1
+LOOPBACK = "127.0.0.1"
+
+
+def spawn(layout: WorkerLayout, strategy: Any) -> Any:
+    """Starts one rank's actor where ``strategy`` (a Ray scheduling strategy) puts it."""
+    return RemoteWorker.options(
+        num_cpus=layout.cpus_per_worker, num_gpus=layout.gpus, scheduling_strategy=strategy
+    ).remote()
+
+
+def wait_all(refs: list[ray.ObjectRef], timeout_s: float, check: Callable[[], None]) -> list:
+    """ray.wait for all of ``refs``, calling ``check`` every ~0.1 s; returns those not ready.
+
+    Whatever ``check`` raises ends the wait: stop() cancelling a start, horovod's driver
+    letting an elastic slot go.
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(refs)
+    while pending:
+        check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(left, POLL_S))
+    return pending
+
+
+def get_one(ref: ray.ObjectRef, timeout_s: float, check: Callable[[], None]) -> Any:
+    """The value of one actor call, waited for as :func:`wait_all` does.
+
+    Raises:
+        TimeoutError: No answer within ``timeout_s``.
+    """
+    if wait_all([ref], timeout_s, check):
+        raise TimeoutError(f"no answer from the worker within {timeout_s:g}s")
+    return ray.get(ref)
+
+
+def is_local(node_ips: Iterable[str], host_ip: str) -> bool:
+    """Whether a job stays on the driver's machine: every node it may use has its address.
+
+    Such a job binds its rendezvous and Gloo to loopback, so that nothing leaves the
+    machine (a local Ray, simulated nodes). A static job asks it of its ranks' nodes, an
+    elastic one of every node with room for a rank (it then stays on that machine).
+    """
+    ips = set(node_ips)
+    return bool(ips) and ips == {host_ip}
+
+
+def bind_address(local: bool, host_ip: str) -> str:
+    """The address the rendezvous server listens on."""
+    return LOOPBACK if local else host_ip
+
+
+def common_env(rendezvous: Any, timeout_s: float, elastic: bool) -> dict[str, str]:
+    """The variables every rank of a job shares: rendezvous, controller, Gloo timeout."""
+    env = {
+        **worker_env(rendezvous),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(timeout_s)),
+    }
+    if elastic:
+        env["HOROVOD_ELASTIC"] = "1"
+    return env
+
+
+def rank_env(
+    rank: RankInfo, common: Mapping[str, str], iface: str, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """One rank's whole environment: shared part, identity (GPUs too), interface, extras."""
+    return {**common, **rank.env(), "HOROVOD_GLOO_IFACE": iface, **extra}
+
+
+def setup(actor: Any, env: Mapping[str, str], rank: RankInfo, executable: bytes | None):
+    """Starts the actor's setup: environment, log channel (rank 0), ``executable_cls``."""
+    return actor.setup.remote(dict(env), rank.world_rank == 0, executable)
+
+
+def kill(actors: Iterable[Any]) -> None:
+    """Kills actors at once; one already gone is fine."""
+    for actor in actors:
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone is fine
+            logger.debug("kill of a worker failed", exc_info=True)
+
+
+class NodeGpus:
+    """The GPUs of each node's live ranks, for ranks that start one by one (elastic).
+
+    Every rank of a node sees the same ``CUDA_VISIBLE_DEVICES``, the sorted GPUs of the
+    node's ranks, so that local rank ``i`` can take GPU ``i`` (horovod's own idiom
+    ``gpus[hvd.local_rank()]``); a static job gets this from ``ranks.assign_ranks``. An
+    elastic slot knows its node's local size from horovod's driver but starts alone: it
+    adds its GPUs here and waits until the node has that many live ranks.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._gpus: dict[str, dict[Hashable, tuple[str, ...]]] = {}
+
+    def add(self, node_id: str, key: Hashable, gpu_ids: tuple[str, ...]) -> None:
+        with self._changed:
+            self._gpus.setdefault(node_id, {})[key] = gpu_ids
+            self._changed.notify_all()
+
+    def remove(self, node_id: str, key: Hashable) -> None:
+        with self._changed:
+            self._gpus.get(node_id, {}).pop(key, None)
+
+    def visible(
+        self, node_id: str, local_size: int, timeout_s: float, check: Callable[[], None]
+    ) -> tuple[str, ...]:
+        """The node's GPUs once ``local_size`` of its ranks are here (or ``timeout_s``
+        passed: then those that are); ``check`` is called as :func:`wait_all` calls it."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while len(self._gpus.get(node_id, {})) < local_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                check()
+                self._changed.wait(min(left, POLL_S))
+            return visible_gpus(self._gpus.get(node_id, {}).values())

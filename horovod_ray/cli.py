@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from horovod_ray.command import CommandJob, Output
 from horovod_ray.errors import ConfigError
@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_size_flags(run)
+    _add_ray_flags(run)
+    _add_horovod_flags(run)
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
+    return parser
+
+
+def _add_size_flags(run: argparse.ArgumentParser) -> None:
     size = run.add_argument_group("job size (give -np, or --num-hosts)")
     size.add_argument(
         "-np", "--num-proc", dest="num_proc", type=int, metavar="N",
@@ -70,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--slots-per-host", type=int, metavar="S", default=None,
         help="ranks per node with --num-hosts (default 1)",
     )  # fmt: skip
+
+
+def _add_ray_flags(run: argparse.ArgumentParser) -> None:
     ray_group = run.add_argument_group("Ray")
     ray_group.add_argument(
         "--address", metavar="ADDR",
@@ -88,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--working-dir", metavar="DIR",
         help="directory shipped to every node (Ray's runtime_env); ranks start in its copy",
     )  # fmt: skip
+
+
+def _add_horovod_flags(run: argparse.ArgumentParser) -> None:
     horovod = run.add_argument_group("horovodrun's flags")
     horovod.add_argument(
         "--network-interfaces", dest="nics", metavar="IF,IF",
@@ -113,8 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
         "passed on as well",
     )  # fmt: skip
     horovod.add_argument("--verbose", action="store_true", help="log the job's start and stop")
-    run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
-    return parser
 
 
 class _UsageError(Exception):
@@ -282,18 +294,7 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
 def run_command(args: argparse.Namespace) -> int:
     """``horovod-ray run``; returns the exit status."""
     try:
-        command = _check_command(args.command, args.working_dir)
-        extra_env = _parse_env(args.env)
-        executor = _build_executor(args)
-        if args.nics:
-            # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
-            extra_env.setdefault("NCCL_SOCKET_IFNAME", args.nics)
-        output = Output(sys.stdout, sys.stderr, args.output_filename)
-        if args.output_filename:
-            try:
-                os.makedirs(args.output_filename, exist_ok=True)
-            except OSError as err:
-                raise _UsageError(f"--output-filename: cannot create it: {err}") from err
+        command, extra_env, executor, output = _prepare(args)
     except _UsageError as err:
         print(f"horovod-ray run: error: {err}", file=sys.stderr)
         return _USAGE_ERROR
@@ -339,10 +340,35 @@ def run_command(args: argparse.Namespace) -> int:
             executor.stop()
             if starts_local_ray and ray.is_initialized():
                 local_ray.stop()
-    if signals.received is not None:
-        name = signal.Signals(signals.received).name
+    return _exit_status(signals.received, error, failed, job)
+
+
+def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, Output]:
+    """Everything checked before Ray: the command, the ranks' extra environment, the
+    executor and the output; _UsageError for what is wrong."""
+    command = _check_command(args.command, args.working_dir)
+    extra_env = _parse_env(args.env)
+    executor = _build_executor(args)
+    if args.nics:
+        # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
+        extra_env.setdefault("NCCL_SOCKET_IFNAME", args.nics)
+    output = Output(sys.stdout, sys.stderr, args.output_filename)
+    if args.output_filename:
+        try:
+            os.makedirs(args.output_filename, exist_ok=True)
+        except OSError as err:
+            raise _UsageError(f"--output-filename: cannot create it: {err}") from err
+    return command, extra_env, executor, output
+
+
+def _exit_status(
+    received: int | None, error: Exception | None, failed: int | None, job: CommandJob
+) -> int:
+    """The run's exit status, with one line on stderr for anything but success."""
+    if received is not None:
+        name = signal.Signals(received).name
         print(f"horovod-ray run: stopped by {name}", file=sys.stderr)
-        return _SIGNAL_STATUS[signals.received]
+        return _SIGNAL_STATUS[received]
     if error is not None:
         print(f"horovod-ray run: error: {error}", file=sys.stderr)
         return 1

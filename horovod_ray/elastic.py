@@ -348,6 +348,7 @@ class ElasticRun:
             timeout_s = self._settings.placement_group_timeout_s
             facts = bringup.get_one(actor.node_info.remote(), timeout_s, check)
             where = f"{facts.where}, local rank {slot.local_rank}"
+            bringup.note_niceness([facts])
             value = self._set_up_and_call(actor, slot, key, facts, check)
             with self._lock:
                 self._outcome.results[self._driver.world_rank(slot)] = value

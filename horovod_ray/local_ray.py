@@ -11,12 +11,15 @@ from typing import Any
 import ray
 
 # Without the dashboard (about 0.7 s of Ray's start). A user who wants it, or Ray's state
-# API, calls ray.init() before horovod_ray does.
-OPTIONS: dict[str, Any] = {"include_dashboard": False}
+# API, calls ray.init() before horovod_ray does. Workers at niceness 0, as horovodrun's
+# ranks run, not Ray's default 15: a rank at 15 loses the CPU to anything else on the
+# machine, Ray's own daemons included (docs/benchmarks.rst, "Rank priority").
+OPTIONS: dict[str, Any] = {"include_dashboard": False, "_system_config": {"worker_niceness": 0}}
 
 
 def start(**options: Any) -> None:
-    """Starts a new local Ray instance (never joins one already on the machine).
+    """Starts a new local Ray instance (never joins one already on the machine), its
+    workers at normal priority.
 
     Ray stops it when the interpreter exits, as for any ``ray.init()``; the autoscaler
     monitor is stopped first so that this stop is a second shorter. That exit hook is the

@@ -36,6 +36,7 @@ class NodeFacts:
             where horovod lacks the fix, else None).
         gloo_iface_fixed: Whether the node's horovod has the fix from ``patches/``.
         pid: The worker's process id.
+        niceness: The worker's niceness (Ray starts its workers at 15 by default).
     """
 
     node_id: str
@@ -48,6 +49,7 @@ class NodeFacts:
     hostname_address: str | None = None
     gloo_iface_fixed: bool = True
     pid: int = 0
+    niceness: int = 0
 
     @property
     def where(self) -> str:

@@ -166,6 +166,7 @@ class StaticJob:
                 f"workers"
             )
         nodes: list[NodeFacts] = get_all(info_refs, "report its node")
+        bringup.note_niceness(nodes)
         self.start_s["actors"] = time.perf_counter() - began
         infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
         members = (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True))

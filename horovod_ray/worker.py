@@ -55,6 +55,7 @@ class Worker:
             hostname_address=None if fixed else hostname_address(),
             gloo_iface_fixed=fixed,
             pid=os.getpid(),
+            niceness=os.nice(0),
         )
 
     def setup(self, env: Mapping[str, str], is_log_rank: bool, executable: bytes | None) -> None:

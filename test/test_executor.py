@@ -553,6 +553,26 @@ def test_start_without_ray_says_to_call_ray_init():
     assert "INIT False" in out
 
 
+def test_ranks_at_a_lowered_priority_are_named_once_with_the_fix(
+    ray_4cpu, no_leaks, caplog, monkeypatch
+):
+    from horovod_ray import bringup
+
+    monkeypatch.setattr(bringup, "_niced_noted", False)
+    # The tests' Ray starts its workers at Ray's default niceness.
+    with caplog.at_level(logging.INFO, logger="horovod_ray.bringup"):
+        for _ in range(2):
+            with RayExecutor(SETTINGS, num_workers=2) as executor:
+                niceness = executor.run(lambda: os.nice(0))
+    assert niceness == [15, 15]
+    noted = [r.getMessage() for r in caplog.records if "niceness" in r.getMessage()]
+    assert noted == [
+        f"the ranks run at niceness 15 (Ray's worker_niceness), behind every "
+        f"other process of their node; {bringup.NICENESS_HINT}"
+    ]
+    assert "RAY_worker_niceness=0 ray start" in noted[0]
+
+
 def test_start_logs_one_table_of_ranks_at_info(ray_4cpu, no_leaks, caplog):
     with caplog.at_level(logging.INFO, logger="horovod_ray.executor"):
         with RayExecutor(SETTINGS, num_workers=2) as executor:

@@ -101,12 +101,13 @@ SPY_ON_RAY_STOP = (
 
 def test_run_starts_a_local_ray_when_none_is_running():
     code = SPY_ON_RAY_STOP + (
-        "import ray, horovod_ray\n"
-        "print('RESULT', horovod_ray.run(lambda: 7, num_slots=2))\n"
+        "import os, ray, horovod_ray\n"
+        "print('RESULT', horovod_ray.run(lambda: (7, os.nice(0)), num_slots=2))\n"
         "print('RAY', ray.is_initialized())\n"
     )
     out = run_fresh_python(code, timeout_s=180)
-    assert "RESULT [7, 7]" in out
+    # The ranks run at niceness 0, as horovodrun's do (Ray's default for workers is 15).
+    assert "RESULT [(7, 0), (7, 0)]" in out
     assert "RAY True" in out
     # Ray stops it at exit, monitor first: stopped after the GCS, the monitor's SIGTERM
     # handler waits on the gone GCS until Ray kills it a second later.

@@ -147,11 +147,13 @@ def kill(actors: Iterable[Any]) -> None:
 class NodeGpus:
     """The GPUs of each node's live ranks, for ranks that start one by one (elastic).
 
-    Every rank of a node sees the same ``CUDA_VISIBLE_DEVICES``, the sorted GPUs of the
-    node's ranks, so that local rank ``i`` can take GPU ``i`` (horovod's own idiom
-    ``gpus[hvd.local_rank()]``); a static job gets this from ``ranks.assign_ranks``. An
-    elastic slot knows its node's local size from horovod's driver but starts alone: it
-    adds its GPUs here and waits until the node has that many live ranks.
+    Every rank sees all the GPUs of its node's ranks in ``CUDA_VISIBLE_DEVICES`` (peers'
+    GPUs too, as in a static job), so that horovod's idiom ``gpus[hvd.local_rank()]``
+    works. An elastic slot knows its local rank and its node's local size from horovod's
+    driver but starts alone: it adds its GPUs here and waits until the node has that
+    many live ranks. Its own GPU then goes at index ``local_rank`` of its list: ranks
+    that join survivors after a reset (whose lists were fixed when they started) still
+    each take a GPU of their own.
     """
 
     def __init__(self) -> None:
@@ -168,16 +170,28 @@ class NodeGpus:
             self._gpus.get(node_id, {}).pop(key, None)
 
     def visible(
-        self, node_id: str, local_size: int, timeout_s: float, check: Callable[[], None]
+        self,
+        node_id: str,
+        key: Hashable,
+        local_rank: int,
+        local_size: int,
+        timeout_s: float,
+        check: Callable[[], None],
     ) -> tuple[str, ...]:
-        """The node's GPUs once ``local_size`` of its ranks are here (or ``timeout_s``
-        passed: then those that are); ``check`` is called as :func:`wait_all` calls it."""
+        """The GPUs rank ``key`` sees once ``local_size`` ranks of its node are here (or
+        ``timeout_s`` passed: then those that are): the others' sorted, its own at index
+        ``local_rank``. ``check`` is called as :func:`wait_all` calls it."""
         deadline = time.monotonic() + timeout_s
         with self._changed:
-            while len(self._gpus.get(node_id, {})) < local_size:
+            ranks = self._gpus.setdefault(node_id, {})
+            while len(ranks) < local_size:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 check()
                 self._changed.wait(min(left, POLL_S))
-            return visible_gpus(self._gpus.get(node_id, {}).values())
+            own = ranks.get(key, ())
+            others = visible_gpus(ids for k, ids in ranks.items() if k != key)
+            others = tuple(gpu for gpu in others if gpu not in own)
+            at = min(local_rank, len(others))
+            return (*others[:at], *own, *others[at:])

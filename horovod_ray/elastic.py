@@ -6,9 +6,8 @@ starts each slot through :meth:`ElasticRun.run_slot`, which walks the same bring
 as a static job's ranks (``bringup``): an actor pinned to the slot's node, its node
 facts, its interface, its environment, its setup. After a failure or a change of nodes
 the driver lets the survivors roll back to their last commit (``hvd.elastic.run``) and
-go on: a lost node is decided by horovod's driver, and how the run ended is turned into
-an error by ``failures.elastic_error``. The rendezvous lets each new node in as it joins;
-Ray's autoscaler is asked for the ranks missing below ``max_workers``.
+go on: horovod's driver decides a node is lost, ``failures.elastic_error`` how the run
+ended. Ray's autoscaler is asked for the ranks missing below ``max_workers``.
 """
 
 from __future__ import annotations
@@ -107,9 +106,14 @@ class ElasticJob:
             )
 
     def call(
-        self, call: calls.Call, callbacks: list[Callable[[dict], None]], all_ranks: bool = True
+        self,
+        call: calls.Call,
+        callbacks: list[Callable[[dict], None]],
+        all_ranks: bool = True,
+        failing: Callable[[], None] = lambda: None,
     ) -> list[Any]:
-        """Runs an admitted ``run()`` elastically to its end (see :meth:`ElasticRun.run`)."""
+        """Runs an admitted ``run()`` elastically to its end (see :meth:`ElasticRun.run`);
+        it has released everything by the time it raises, so ``failing`` is not needed."""
         try:
             return self._current.run(call.fn, call.args, callbacks)
         finally:
@@ -162,11 +166,8 @@ class ElasticRun:
         extra_env: Mapping[str, str],
         executable: bytes | None,
     ) -> None:
-        self._settings = settings
-        self._layout = layout
-        self._worker = worker
-        self._extra_env = dict(extra_env)
-        self._executable = executable
+        self._settings, self._layout, self._worker = settings, layout, worker
+        self._extra_env, self._executable = dict(extra_env), executable
         self._state = Lifecycle(RUN_TRANSITIONS, RunState.CREATED)
         self._lock = threading.Lock()
         self._actors: dict[int, Any] = {}  # by the id of the slot thread's call
@@ -179,8 +180,6 @@ class ElasticRun:
         self._local = True
         self._common_env: dict[str, str] = {}
 
-    # ------------------------------------------------------------------------ driver
-
     def run(self, fn: bytes, args: bytes | None, callbacks: list[Callable[[dict], None]]):
         """Runs the call elastically to its end; the final world's results in rank order.
 
@@ -190,12 +189,12 @@ class ElasticRun:
             WorkerFailedError: The job failed otherwise (every host failed, ...).
             HorovodRayError: stop() ended the run.
         """
-        per_rank = self._worker.worker_resources()
-        autoscaler = AutoscalerRequest(self._layout, per_rank)
         result: dict[str, Any] = {}
-        stopped_early = True
-        self._call = (ray.put(fn), args)
+        stopped_early, autoscaler = True, None
         try:
+            per_rank = self._worker.worker_resources()
+            autoscaler = AutoscalerRequest(self._layout, per_rank)
+            self._call = (ray.put(fn), args)
             driver = self._open(per_rank)
             autoscaler.ask()
             thread = threading.Thread(
@@ -214,7 +213,8 @@ class ElasticRun:
                 thread.join(STOP_JOIN_S)
         finally:
             self.stop()
-            autoscaler.withdraw()
+            if autoscaler is not None:
+                autoscaler.withdraw()
             self._state.transition([RunState.STOPPING], RunState.ENDED)
         if stopped_early:
             raise HorovodRayError("the elastic run was ended by stop()")
@@ -327,8 +327,6 @@ class ElasticRun:
     def _ending(self) -> bool:
         return self._state.is_in(RunState.STOPPING, RunState.ENDED)
 
-    # ------------------------------------------------------------------------ slots
-
     def run_slot(self, slot: SlotInfo, events: Sequence[threading.Event]) -> tuple[int, float]:
         """One rank from start to exit (horovod's driver calls it, in its own thread).
 
@@ -378,7 +376,9 @@ class ElasticRun:
         gpus: tuple[str, ...] = ()
         if facts.gpu_ids:
             self._gpus.add(slot.hostname, key, facts.gpu_ids)
-            gpus = self._gpus.visible(slot.hostname, slot.local_size, timeout_s, check)
+            gpus = self._gpus.visible(
+                slot.hostname, key, slot.local_rank, slot.local_size, timeout_s, check
+            )
         rank = _elastic_driver.rank_info(slot, gpus)
         iface = network.gloo_iface(facts, self._settings.nics, self._local)
         self._server.allow(facts.node_ip)

@@ -31,7 +31,6 @@ from horovod_ray.settings import (
     check_env,
     create_settings,
     job_layouts,
-    require_settings,
 )
 
 logger = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ class RayExecutor:
     ) -> None:
         # Every argument but settings says what the job is: its layouts check them all.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
-        self.settings = settings = require_settings(settings)
+        self.settings = settings = _settings(settings)
         self.layout, self.elastic = job_layouts(**arguments)
         self._job = job.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
@@ -188,9 +187,11 @@ class RayExecutor:
             cancelled = self._cancel.is_set()
             self._lifecycle.finish_start(lambda: kind.stop(grace_s=0), cancelled)
             error = start_error(err, cancelled)
+            if isinstance(error, KeyboardInterrupt):
+                raise error from None
             if error is err:
                 raise  # the error start() met, as it was
-            raise error from (None if isinstance(error, KeyboardInterrupt) else err)
+            raise error from err
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
@@ -248,7 +249,7 @@ class RayExecutor:
             Each rank's return value, in world-rank order.
         """
         kind = self._running(action, call)
-        return self._in_call(kind, lambda: kind.call(call, callbacks))
+        return self._in_call(kind, lambda failing: kind.call(call, callbacks, True, failing))
 
     def run_remote(
         self,
@@ -276,17 +277,30 @@ class RayExecutor:
         """
         call = calls.prepare_execute(fn)
         kind = self._running("execute_single", call)
-        return self._in_call(kind, lambda: kind.call(call, [], all_ranks=False))[0]
+        return self._in_call(kind, lambda failing: kind.call(call, [], False, failing))[0]
 
-    def _in_call(self, kind: job.JobKind, call: Callable[[], list[Any]]) -> list[Any]:
-        """Runs ``call``; on any failure (a rank's, Ctrl-C, a raising callback: the ranks
-        cannot be left half done) stops the job, which ends FAILED, and re-raises."""
+    def _in_call(self, kind: job.JobKind, call: Callable[[Callable], list[Any]]) -> list[Any]:
+        """Runs ``call(failing)``; on any failure (a rank's, Ctrl-C, a raising callback:
+        the ranks cannot be left half done) stops the job, which ends FAILED, and re-raises.
+
+        A kind calls ``failing()`` once it knows the call failed, before it releases
+        anything, so that no other call is admitted and no stop() takes over meanwhile.
+        """
+        moved: list[bool] = []
+
+        def failing() -> None:
+            with self._lock:
+                if self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
+                    moved.append(True)
+
         with self._lock:
             self._calls_in_flight += 1
         try:
-            return call()
+            return call(failing)
         except BaseException as err:
-            self._lifecycle.finish(lambda: kind.stop(grace_s=0), ExecutorState.FAILED)
+            failing()
+            if moved:
+                self._lifecycle.end(lambda: kind.stop(grace_s=0), ExecutorState.FAILED)
             interrupt = interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
@@ -315,11 +329,10 @@ class RayExecutor:
         with self._lock:
             # Under the lock calls are admitted: none begins once this moved.
             busy = self._calls_in_flight > 0
-            moved = lifecycle.is_in(ExecutorState.RUNNING)
+            moved = lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
         if moved:
-            lifecycle.finish(
-                lambda: self._job.stop(grace_s=0 if busy else STOP_GRACE_S), ExecutorState.STOPPED
-            )
+            grace_s = 0 if busy else STOP_GRACE_S
+            lifecycle.end(lambda: self._job.stop(grace_s=grace_s), ExecutorState.STOPPED)
 
     shutdown = stop
 
@@ -371,3 +384,16 @@ def _start_inputs(
             "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
         )
     return env, executable
+
+
+def _settings(settings: object) -> Settings:
+    """``settings`` as RayExecutor takes it: None means the defaults."""
+    if settings is None:
+        return create_settings()
+    if not isinstance(settings, Settings):
+        raise ConfigError(
+            "settings",
+            f"settings must come from RayExecutor.create_settings(...), "
+            f"got {type(settings).__name__}",
+        )
+    return settings

@@ -27,8 +27,8 @@ from horovod_ray.static import StaticJob
 
 
 class JobKind(Protocol):
-    """What ``RayExecutor`` asks of a kind of job. Every method but :meth:`stop` is
-    called in one lifecycle state, which the executor checks first."""
+    """What ``RayExecutor`` asks of a kind of job. The executor checks the lifecycle
+    state before each method (``refuse`` excepted: it holds in any state)."""
 
     def refuse(self, action: str, call: Call | None) -> None:
         """Raises ExecutorStateError if this kind cannot do ``action`` at all (any state)."""
@@ -50,10 +50,16 @@ class JobKind(Protocol):
         """Claims a call (RUNNING); raises ExecutorStateError when the kind is busy."""
 
     def call(
-        self, call: Call, callbacks: list[Callable[[dict], None]], all_ranks: bool = True
+        self,
+        call: Call,
+        callbacks: list[Callable[[dict], None]],
+        all_ranks: bool = True,
+        failing: Callable[[], None] = lambda: None,
     ) -> list[Any]:
-        """Runs an admitted call to its end; each rank's value, in world-rank order. On a
-        failure it releases what it holds and raises (``failures`` decides the error)."""
+        """Runs an admitted call to its end; each rank's value, in world-rank order. When
+        its ranks fail it calls ``failing()`` before it releases anything, and raises the
+        error ``failures`` decides; for anything else (Ctrl-C, a callback) the executor
+        stops the job."""
 
     def send(self, call: Call) -> list[ray.ObjectRef]:
         """Starts an admitted call on every rank without waiting."""

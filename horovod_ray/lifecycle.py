@@ -140,16 +140,13 @@ class Lifecycle:
             final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
             self.transition([ExecutorState.STARTING], final)
 
-    def finish(self, release: Callable[[], None], final: ExecutorState) -> bool:
-        """RUNNING -> STOPPING, ``release()``, then ``final`` (STOPPED or FAILED) whatever
-        it raised; False, with nothing done, when the state was not RUNNING."""
-        if not self.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-            return False
+    def end(self, release: Callable[[], None], final: ExecutorState) -> None:
+        """From STOPPING (the caller moved there, under its own lock): ``release()``, then
+        ``final`` (STOPPED or FAILED) whatever it raised."""
         try:
             release()
         finally:
             self.transition([ExecutorState.STOPPING], final)
-        return True
 
 
 def state_hint(state: ExecutorState) -> str:

@@ -177,8 +177,11 @@ def collect(
     pending = list(refs)
     while pending:
         ready, _ = ray.wait([poll, *pending], num_returns=1, timeout=poll_s)
-        if not ready:
+        if check is not None:
+            # Every pass, not only on a timeout: a rank that logs often answers each poll
+            # within it.
             check()
+        if not ready:
             continue
         if ready[0] == poll:
             items, finished = ray.get(poll)

@@ -317,44 +317,27 @@ def job_layouts(
     use_gpu: bool,
     gpus_per_worker: float | None,
     use_current_placement_group: bool,
-    **elastic: object,
+    min_workers: int | None,
+    max_workers: int | None,
+    reset_limit: int | None,
+    cooldown_range: tuple[int, int] | None,
+    elastic_timeout: float | None,
+    discovery_interval_s: float | None,
 ) -> tuple[WorkerLayout, ElasticLayout | None]:
     """RayExecutor's arguments as layouts: what each rank reserves, and the elastic
-    bounds (``elastic``: min/max_workers and the limits) when ``min_workers`` or
-    ``max_workers`` is given, else None (a static job).
+    bounds when ``min_workers`` or ``max_workers`` is given (else None: a static job).
 
     Raises:
         ConfigError: Naming the argument that does not fit.
     """
-    min_workers, max_workers = elastic["min_workers"], elastic["max_workers"]
-    limits = {k: v for k, v in elastic.items() if k not in ("min_workers", "max_workers")}
-    bounds = None
-    if min_workers is None and max_workers is None:
-        for name, value in limits.items():
-            if value is not None:
-                raise ConfigError(
-                    name, f"{name} is for elastic jobs: give min_workers too, or drop it"
-                )
-    else:
-        if num_workers is not None or num_hosts is not None:
-            raise ConfigError(
-                "min_workers",
-                "an elastic job (min_workers/max_workers) sizes itself: leave num_workers "
-                "and num_hosts unset",
-            )
-        if min_workers is None:
-            raise ConfigError(
-                "min_workers", "max_workers needs min_workers (the fewest ranks to run on)"
-            )
-        timeout, interval = limits["elastic_timeout"], limits["discovery_interval_s"]
-        bounds = ElasticLayout(
-            min_workers=min_workers,
-            max_workers=max_workers,
-            reset_limit=limits["reset_limit"],
-            cooldown_range=limits["cooldown_range"],
-            elastic_timeout_s=600 if timeout is None else timeout,
-            discovery_interval_s=1.0 if interval is None else interval,
-        )
+    limits = {
+        "reset_limit": reset_limit,
+        "cooldown_range": cooldown_range,
+        "elastic_timeout": elastic_timeout,
+        "discovery_interval_s": discovery_interval_s,
+    }
+    bounds = _elastic_bounds(num_workers, num_hosts, min_workers, max_workers, limits)
+    if bounds is not None:
         num_workers = min_workers
     layout = WorkerLayout(
         num_workers=num_workers,
@@ -370,14 +353,37 @@ def job_layouts(
     return layout, bounds
 
 
-def require_settings(settings: object) -> Settings:
-    """``settings`` as RayExecutor takes it: None means the defaults."""
-    if settings is None:
-        return create_settings()
-    if not isinstance(settings, Settings):
+def _elastic_bounds(
+    num_workers: int | None,
+    num_hosts: int | None,
+    min_workers: int | None,
+    max_workers: int | None,
+    limits: Mapping[str, object],
+) -> ElasticLayout | None:
+    """The elastic bounds, None for a static job (which then may not set the limits)."""
+    if min_workers is None and max_workers is None:
+        for name, value in limits.items():
+            if value is not None:
+                raise ConfigError(
+                    name, f"{name} is for elastic jobs: give min_workers too, or drop it"
+                )
+        return None
+    if num_workers is not None or num_hosts is not None:
         raise ConfigError(
-            "settings",
-            f"settings must come from RayExecutor.create_settings(...), "
-            f"got {type(settings).__name__}",
+            "min_workers",
+            "an elastic job (min_workers/max_workers) sizes itself: leave num_workers "
+            "and num_hosts unset",
         )
-    return settings
+    if min_workers is None:
+        raise ConfigError(
+            "min_workers", "max_workers needs min_workers (the fewest ranks to run on)"
+        )
+    timeout, interval = limits["elastic_timeout"], limits["discovery_interval_s"]
+    return ElasticLayout(
+        min_workers=min_workers,
+        max_workers=max_workers,
+        reset_limit=limits["reset_limit"],
+        cooldown_range=limits["cooldown_range"],
+        elastic_timeout_s=600 if timeout is None else timeout,
+        discovery_interval_s=1.0 if interval is None else interval,
+    )

@@ -8,7 +8,7 @@ environment -> setup. Everything taken is recorded in a :class:`Held` as it is t
 that a failure at any step releases it all.
 
 A call goes to every rank (``calls``). When one fails, ``probe.probe`` looks at every
-rank, ``failures.attribute`` decides which ranks caused it, the job is released, and the
+rank, the job is released, ``failures.attribute`` decides which ranks caused it, and the
 caller gets ``failures.error_for``'s error.
 """
 
@@ -243,9 +243,12 @@ class StaticJob:
         call: calls.Call,
         callbacks: list[Callable[[dict], None]],
         all_ranks: bool = True,
+        failing: Callable[[], None] = lambda: None,
     ) -> list[Any]:
         """Runs ``call`` on every rank (rank 0 only without ``all_ranks``), passing rank
         0's ``log()`` dicts to ``callbacks``; each rank's value, in world-rank order.
+        ``failing`` is called when a rank failed, once every rank was looked at and before
+        the job is released.
 
         Raises:
             WorkerFailedError: A rank raised or died; the job has been released.
@@ -261,7 +264,7 @@ class StaticJob:
                 # ray.get returns as soon as any of the refs holds an error.
                 results = ray.get(refs)
         except ray.exceptions.RayError:
-            self._fail(refs, time.monotonic() - started)
+            self._fail(refs, time.monotonic() - started, failing)
         if all_ranks:
             self._dispatcher.completed(call, message)
         return results
@@ -271,7 +274,9 @@ class StaticJob:
         message = self._dispatcher.message(call)
         return [calls.send(actor, message) for actor in self.actors]
 
-    def _fail(self, refs: list[ray.ObjectRef], elapsed_s: float) -> None:
+    def _fail(
+        self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], None]
+    ) -> None:
         """Works out who caused a failure (see failures.py), releases the job, raises."""
         timeout_s = self._settings.timeout_s
         snapshot, first = probe.probe(
@@ -283,6 +288,7 @@ class StaticJob:
             elapsed_s,
             timeout_s,
         )
+        failing()
         self.stop(grace_s=0)
         for ref in refs:
             # Read every outcome, so Ray does not log the rest as unhandled errors.

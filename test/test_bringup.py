@@ -46,25 +46,37 @@ def test_ranks_starting_one_by_one_see_their_nodes_gpus_once_all_are_there():
     gpus = NodeGpus()
     seen = {}
 
-    def slot(key, own):
+    def slot(key, local_rank, own):
         gpus.add("node-a", key, own)
-        seen[key] = gpus.visible("node-a", 2, timeout_s=30, check=lambda: None)
+        seen[key] = gpus.visible("node-a", key, local_rank, 2, timeout_s=30, check=lambda: None)
 
-    first = threading.Thread(target=slot, args=("s1", ("1",)))
+    first = threading.Thread(target=slot, args=("s1", 1, ("1",)))
     first.start()
     first.join(0.3)
     assert first.is_alive()  # waits for the node's second rank
     gpus.add("node-b", "other", ("0",))  # another node's ranks do not count
     first.join(0.3)
     assert first.is_alive()
-    slot("s2", ("10",))
+    slot("s2", 0, ("10",))
     first.join(10)
-    assert seen == {"s1": ("1", "10"), "s2": ("1", "10")}
-    # A rank that ended leaves; a rank that replaces it sees the survivor's GPU and its own.
-    gpus.remove("node-a", "s1")
-    assert gpus.visible("node-a", 2, timeout_s=0.05, check=lambda: None) == ("10",)
-    slot("s3", ("2",))
-    assert seen["s3"] == ("2", "10")
+    # Each sees both, its own at its local rank: gpus[local_rank] is its own.
+    assert seen == {"s1": ("10", "1"), "s2": ("10", "1")}
+
+
+def test_a_rank_joining_a_survivor_after_a_reset_takes_a_gpu_of_its_own():
+    """World 1: node b had one rank (GPU 2, local rank 0, sees ("2",)). Node a is lost;
+    the new world puts a second rank on b (GPU 0, local rank 1). Sorted, ("0", "2"), the
+    newcomer's gpus[1] would be the survivor's GPU 2; its own goes at index 1 instead."""
+    gpus = NodeGpus()
+    gpus.add("node-b", "survivor", ("2",))
+    assert gpus.visible("node-b", "survivor", 0, 1, timeout_s=1, check=lambda: None) == ("2",)
+    gpus.add("node-b", "newcomer", ("0",))
+    newcomer = gpus.visible("node-b", "newcomer", 1, 2, timeout_s=1, check=lambda: None)
+    assert newcomer == ("2", "0") and newcomer[1] == "0"
+    # A rank that ended leaves; its replacement at local rank 0 sees the survivor's GPU too.
+    gpus.remove("node-b", "survivor")
+    gpus.add("node-b", "replacement", ("3",))
+    assert gpus.visible("node-b", "replacement", 0, 2, 1, lambda: None) == ("3", "0")
 
 
 def test_a_wait_for_gpus_ends_when_the_slot_is_let_go():
@@ -75,4 +87,4 @@ def test_a_wait_for_gpus_ends_when_the_slot_is_let_go():
         raise RuntimeError("let go")
 
     with pytest.raises(RuntimeError, match="let go"):
-        gpus.visible("node-a", 2, timeout_s=30, check=released)
+        gpus.visible("node-a", "s1", 0, 2, timeout_s=30, check=released)

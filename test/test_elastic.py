@@ -321,6 +321,36 @@ def test_a_slot_delivers_the_dict_its_last_poll_holds(cluster):
     assert seen == [{"step": 26}]
 
 
+@ray.remote(max_concurrency=2)
+class _Chatty:
+    """A rank 0 that logs faster than the slot checks (every poll answers at once) while
+    its call goes on."""
+
+    def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        return [{"step": 1}], False
+
+    def train(self) -> None:
+        time.sleep(120)
+
+
+def test_a_slot_that_is_let_go_ends_its_wait_while_its_rank_logs(cluster):
+    """horovod's driver lets a slot go (a reset, a stop): its wait ends even while every
+    poll of its rank's log answers before the wait's own timeout."""
+    checks = []
+
+    def check():
+        checks.append(1)
+        if len(checks) >= 5:
+            raise TimeoutError("let go")
+
+    chatty = _Chatty.remote()
+    try:
+        with pytest.raises(TimeoutError, match="let go"):
+            logs.collect(chatty, [chatty.train.remote()], lambda _: None, 1, check)
+    finally:
+        ray.kill(chatty)
+
+
 def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     """stop() from another thread ends run() (training, or waiting for room) at once."""
     from horovod_ray.errors import HorovodRayError

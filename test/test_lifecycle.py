@@ -77,3 +77,23 @@ def test_an_elastic_runs_states_end_once_everything_is_released():
     assert run.transition([RunState.STOPPING], RunState.ENDED)
     with pytest.raises(RuntimeError, match="no transition"):
         run.transition([RunState.ENDED], RunState.RUNNING)
+
+
+@pytest.mark.parametrize("final", [S.STOPPED, S.FAILED])
+def test_end_reaches_its_final_state_even_when_the_release_raises(final):
+    lifecycle = _walk(PATHS[0][:4])  # at STOPPING
+
+    def release():
+        raise RuntimeError("kill failed")
+
+    with pytest.raises(RuntimeError, match="kill failed"):
+        lifecycle.end(release, final)
+    assert lifecycle.state is final
+
+
+@pytest.mark.parametrize("cancelled, final", [(False, S.FAILED), (True, S.STOPPED)])
+def test_a_failed_start_ends_failed_or_stopped_when_cancelled(cancelled, final):
+    lifecycle = _walk([S.CREATED, S.STARTING])
+    released = []
+    lifecycle.finish_start(lambda: released.append(True), cancelled)
+    assert released == [True] and lifecycle.state is final

@@ -46,8 +46,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="horovod-ray",
-        description="Horovod jobs on a Ray cluster.",
+        prog="horovod-ray", description="Horovod jobs on a Ray cluster.", allow_abbrev=False
     )
     commands = parser.add_subparsers(dest="subcommand", metavar="run", required=True)
     run = commands.add_parser(
@@ -56,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        # horovodrun's --gloo must not read as an abbreviation of --gloo-timeout-seconds.
+        allow_abbrev=False,
     )
     _add_size_flags(run)
     _add_ray_flags(run)
@@ -127,6 +128,14 @@ def _add_horovod_flags(run: argparse.ArgumentParser) -> None:
         "passed on as well",
     )  # fmt: skip
     horovod.add_argument("--verbose", action="store_true", help="log the job's start and stop")
+    controller = horovod.add_mutually_exclusive_group()
+    controller.add_argument(
+        "--gloo",
+        action="store_true",
+        help="accepted as horovodrun takes it: Gloo is the controller",
+    )
+    for flag in _MPI_LAUNCHERS:
+        controller.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
 
 
 class _UsageError(Exception):
@@ -143,6 +152,19 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
             raise _UsageError(f"--env may not set {name}: horovod-ray sets it for each rank")
         env[name] = value
     return env
+
+
+# horovodrun's flags for an MPI launch: refused, since Gloo over Ray is the only controller.
+_MPI_LAUNCHERS = ("--mpi", "--jsrun")
+
+
+def _check_controller(args: argparse.Namespace) -> None:
+    for flag in _MPI_LAUNCHERS:
+        if getattr(args, flag.lstrip("-")):
+            raise _UsageError(
+                f"{flag}: horovod-ray runs every job with Gloo (Ray starts the ranks, no MPI "
+                f"launcher); drop {flag}, or use --gloo"
+            )
 
 
 def _check_command(command: list[str], working_dir: str | None = None) -> list[str]:
@@ -346,6 +368,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, Output]:
     """Everything checked before Ray: the command, the ranks' extra environment, the
     executor and the output; _UsageError for what is wrong."""
+    _check_controller(args)
     command = _check_command(args.command, args.working_dir)
     extra_env = _parse_env(args.env)
     executor = _build_executor(args)

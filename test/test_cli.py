@@ -229,3 +229,21 @@ def test_python_m_and_console_script_show_help():
         assert result.returncode == 0, result.stderr
         for flag in ("-np", "--output-filename", "--gloo-timeout-seconds", "--working-dir"):
             assert flag in result.stdout
+
+
+def test_horovodruns_gloo_flag_is_taken_and_no_flag_is_abbreviated(capsys):
+    """``horovod-ray run --gloo -np 2 python train.py``, horovodrun's documented command
+    with the binary renamed, once exited 2: argparse read --gloo as an abbreviation of
+    --gloo-timeout-seconds."""
+    from horovod_ray.cli import build_parser, main
+
+    args = build_parser().parse_args(["run", "--gloo", "-np", "2", "python", "train.py"])
+    assert (args.gloo, args.num_proc, args.command) == (True, 2, ["python", "train.py"])
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["run", "--gloo-timeout", "5", "-np", "2", "python"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: --gloo-timeout" in capsys.readouterr().err
+    # An MPI launch is refused before Ray starts, naming the flag and the way out.
+    for flag in ("--mpi", "--jsrun"):
+        assert main(["run", flag, "-np", "2", "python", "train.py"]) == 2
+        assert f"{flag}: horovod-ray runs every job with Gloo" in capsys.readouterr().err

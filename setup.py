@@ -26,7 +26,8 @@ setup(
     long_description_content_type="text/x-rst",
     packages=find_packages(include=["horovod_ray", "horovod_ray.*"]),
     python_requires=">=3.11,<3.12",
-    # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see README.rst.
+    # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see README.rst. Ray is not
+    # capped: horovod_ray.tune checks at import for the two Ray 2.60 internals it uses.
     install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
     entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli:main"]},
     extras_require={

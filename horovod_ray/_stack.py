@@ -18,9 +18,9 @@ import os
 from horovod_ray.errors import HorovodRayError
 
 INSTALL_HINT = (
-    "reinstall horovod with Gloo: HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 "
-    "HOROVOD_WITHOUT_MPI=1 pip install --no-cache-dir --no-build-isolation horovod==0.28.1 "
-    "(or run `make install` in a horovod_ray checkout)"
+    "run `make install` in a horovod_ray checkout: it builds horovod 0.28.1 with Gloo and "
+    "TensorFlow, with the fixes in patches/ (README, 'Requirements', lists the steps to "
+    "do it by hand)"
 )
 
 # Only a build with HAVE_GLOO compiles horovod's Gloo controller into the extension.

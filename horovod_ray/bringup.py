@@ -20,10 +20,10 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 
 import ray
 
+from horovod_ray.layouts import WorkerLayout
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, visible_gpus
 from horovod_ray.rendezvous import worker_env
-from horovod_ray.settings import WorkerLayout
 from horovod_ray.worker import RemoteWorker
 
 logger = logging.getLogger(__name__)

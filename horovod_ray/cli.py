@@ -16,6 +16,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
+from horovod_ray import cli_flags
 from horovod_ray.command import CommandJob, Output
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_size_flags(run)
     _add_ray_flags(run)
-    _add_horovod_flags(run)
+    cli_flags.add_horovod_flags(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
     return parser
 
@@ -102,42 +103,6 @@ def _add_ray_flags(run: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _add_horovod_flags(run: argparse.ArgumentParser) -> None:
-    horovod = run.add_argument_group("horovodrun's flags")
-    horovod.add_argument(
-        "--network-interfaces", dest="nics", metavar="IF,IF",
-        help="network interfaces for Gloo, in order of preference: each node uses the "
-        "first it has (e.g. 'eth0,ens5')",
-    )  # fmt: skip
-    horovod.add_argument(
-        "--start-timeout", type=float, default=None, metavar="S",
-        help="seconds Ray may take to place every rank (default: HOROVOD_START_TIMEOUT, "
-        "else 100)",
-    )  # fmt: skip
-    horovod.add_argument(
-        "--gloo-timeout-seconds", type=float, default=None, metavar="S",
-        help="seconds Gloo waits for peers (default: HOROVOD_GLOO_TIMEOUT_SECONDS, else 120)",
-    )  # fmt: skip
-    horovod.add_argument(
-        "--output-filename", metavar="DIR",
-        help="also write each rank's lines to DIR/rank.R/stdout and DIR/rank.R/stderr",
-    )  # fmt: skip
-    horovod.add_argument(
-        "--env", action="append", default=[], metavar="NAME=VALUE",
-        help="set a variable for every rank (repeatable); the caller's environment is "
-        "passed on as well",
-    )  # fmt: skip
-    horovod.add_argument("--verbose", action="store_true", help="log the job's start and stop")
-    controller = horovod.add_mutually_exclusive_group()
-    controller.add_argument(
-        "--gloo",
-        action="store_true",
-        help="accepted as horovodrun takes it: Gloo is the controller",
-    )
-    for flag in _MPI_LAUNCHERS:
-        controller.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-
-
 class _UsageError(Exception):
     """A bad command line: reported with exit status 2, before Ray is touched."""
 
@@ -152,19 +117,6 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
             raise _UsageError(f"--env may not set {name}: horovod-ray sets it for each rank")
         env[name] = value
     return env
-
-
-# horovodrun's flags for an MPI launch: refused, since Gloo over Ray is the only controller.
-_MPI_LAUNCHERS = ("--mpi", "--jsrun")
-
-
-def _check_controller(args: argparse.Namespace) -> None:
-    for flag in _MPI_LAUNCHERS:
-        if getattr(args, flag.lstrip("-")):
-            raise _UsageError(
-                f"{flag}: horovod-ray runs every job with Gloo (Ray starts the ranks, no MPI "
-                f"launcher); drop {flag}, or use --gloo"
-            )
 
 
 def _check_command(command: list[str], working_dir: str | None = None) -> list[str]:
@@ -200,9 +152,15 @@ def _flag_or_env(value: float | None, variable: str, default: float) -> float:
 
 
 def _build_executor(args: argparse.Namespace) -> RayExecutor:
+    try:
+        hosts = cli_flags.host_list(args)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
+    if hosts is not None and args.num_hosts is not None:
+        raise _UsageError("give -H/--hostfile or --num-hosts, not both")
     if args.num_proc is not None and args.num_hosts is not None:
         raise _UsageError("give -np or --num-hosts, not both")
-    if args.num_proc is None and args.num_hosts is None:
+    if args.num_proc is None and args.num_hosts is None and hosts is None:
         raise _UsageError("give the job's size: -np N, or --num-hosts H [--slots-per-host S]")
     if args.slots_per_host is not None and args.num_hosts is None:
         raise _UsageError("--slots-per-host needs --num-hosts")
@@ -219,8 +177,9 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         )
         return RayExecutor(
             settings,
-            num_workers=args.num_proc,
+            num_workers=None if hosts else args.num_proc,
             num_hosts=args.num_hosts,
+            hosts=hosts,
             num_workers_per_host=1 if args.slots_per_host is None else args.slots_per_host,
             cpus_per_worker=args.cpus_per_worker,
             use_gpu=bool(args.gpus_per_worker),
@@ -240,6 +199,7 @@ _FLAG_OF = {
     "timeout_s": "--gloo-timeout-seconds",
     "placement_group_timeout_s": "--start-timeout",
     "nics": "--network-interfaces",
+    "hosts": "-H/--hosts",
 }
 
 
@@ -307,7 +267,10 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
         return
     # Enough logical CPUs for the job, as horovodrun runs -np 4 on a 2-core machine.
     layout = executor.layout
-    ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
+    if layout.hosts is not None:
+        ranks = sum(n for _, n in layout.hosts)
+    else:
+        ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
     local_ray.start(
         num_cpus=max(os.cpu_count() or 1, math.ceil(ranks * layout.cpus_per_worker)), **options
     )
@@ -368,9 +331,12 @@ def run_command(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, Output]:
     """Everything checked before Ray: the command, the ranks' extra environment, the
     executor and the output; _UsageError for what is wrong."""
-    _check_controller(args)
+    try:
+        tuning = cli_flags.resolve(args)
+    except ValueError as err:
+        raise _UsageError(str(err)) from None
     command = _check_command(args.command, args.working_dir)
-    extra_env = _parse_env(args.env)
+    extra_env = {**tuning, **_parse_env(args.env)}
     executor = _build_executor(args)
     if args.nics:
         # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
@@ -392,6 +358,10 @@ def _exit_status(
         name = signal.Signals(received).name
         print(f"horovod-ray run: stopped by {name}", file=sys.stderr)
         return _SIGNAL_STATUS[received]
+    if isinstance(error, ConfigError):
+        # Found once Ray was there to ask (a host that is no node): still a bad command line.
+        print(f"horovod-ray run: error: {_as_flag(error)}", file=sys.stderr)
+        return _USAGE_ERROR
     if error is not None:
         print(f"horovod-ray run: error: {error}", file=sys.stderr)
         return 1

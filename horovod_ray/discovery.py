@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 import ray
 from horovod.runner.elastic.discovery import HostDiscovery
 
-from horovod_ray.settings import ElasticLayout
+from horovod_ray.layouts import ElasticLayout
 
 logger = logging.getLogger(__name__)
 

@@ -28,11 +28,12 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from horovod_ray import _elastic_driver, bringup, calls, failures, logs, network, probe
 from horovod_ray.discovery import AutoscalerRequest, NodeDiscovery, addresses_with_room
 from horovod_ray.errors import ExecutorStateError, HorovodRayError
+from horovod_ray.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.lifecycle import RUN_TRANSITIONS, Lifecycle, RunState
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, membership_change
 from horovod_ray.rendezvous import RendezvousServer
-from horovod_ray.settings import ElasticLayout, Settings, WorkerLayout
+from horovod_ray.settings import Settings
 
 logger = logging.getLogger(__name__)
 

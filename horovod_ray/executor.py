@@ -24,14 +24,10 @@ from horovod_ray.errors import (
     interrupt_in,
     start_error,
 )
+from horovod_ray.layouts import job_layouts
 from horovod_ray.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
 from horovod_ray.ranks import RankInfo
-from horovod_ray.settings import (
-    Settings,
-    check_env,
-    create_settings,
-    job_layouts,
-)
+from horovod_ray.settings import Settings, check_env, create_settings, require_settings
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +70,10 @@ class RayExecutor:
             (default 600).
         discovery_interval_s: Elastic: how often Ray's node table is read for new room
             (default 1; horovod's driver asks every second, so this may only slow it).
+        hosts: horovodrun's host list as (host, ranks) pairs, e.g. ``[("10.0.0.1", 2),
+            ("10.0.0.2", 2)]``: each host is a Ray node's address or host name (or
+            ``"localhost"`` for the driver's node), gets that many ranks, in that order.
+            Give it instead of ``num_workers`` and ``num_hosts``.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -97,10 +97,11 @@ class RayExecutor:
         cooldown_range: tuple[int, int] | None = None,
         elastic_timeout: float | None = None,
         discovery_interval_s: float | None = None,
+        hosts: Sequence[tuple[str, int]] | None = None,
     ) -> None:
         # Every argument but settings says what the job is: its layouts check them all.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
-        self.settings = settings = _settings(settings)
+        self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**arguments)
         self._job = job.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
@@ -151,7 +152,9 @@ class RayExecutor:
         """Reserves resources, starts one actor per rank and the rendezvous server.
 
         All or nothing: if any step fails, everything taken so far is released and the
-        executor ends FAILED.
+        executor ends FAILED (STOPPED when stop() cancelled it). A bad argument, Ray not
+        initialised or a horovod without Gloo raise before anything is taken, and the
+        executor stays CREATED.
 
         Args:
             executable_cls: Built on every rank after its environment is set; ``execute``
@@ -384,16 +387,3 @@ def _start_inputs(
             "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
         )
     return env, executable
-
-
-def _settings(settings: object) -> Settings:
-    """``settings`` as RayExecutor takes it: None means the defaults."""
-    if settings is None:
-        return create_settings()
-    if not isinstance(settings, Settings):
-        raise ConfigError(
-            "settings",
-            f"settings must come from RayExecutor.create_settings(...), "
-            f"got {type(settings).__name__}",
-        )
-    return settings

@@ -21,8 +21,9 @@ import ray
 
 from horovod_ray.calls import Call
 from horovod_ray.elastic import ElasticJob
+from horovod_ray.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.ranks import RankInfo
-from horovod_ray.settings import ElasticLayout, Settings, WorkerLayout
+from horovod_ray.settings import Settings
 from horovod_ray.static import StaticJob
 
 

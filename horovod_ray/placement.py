@@ -3,6 +3,8 @@
 * ``num_workers=N``: N bundles of one worker each, ``PACK`` (fill nodes, spill over).
 * ``num_hosts=H, num_workers_per_host=S``: H bundles of S workers each, ``STRICT_SPREAD``
   (one bundle per node).
+* ``hosts=[(host, S), ...]`` (horovodrun's host list): one bundle of S workers on each
+  named node, pinned there by its node id, in the order given.
 * Inside a placement group that already exists (a Tune trial, a user's actor), with
   ``use_current_placement_group=True``: that group's bundles, none created.
 """
@@ -12,19 +14,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.bringup import wait_all
 from horovod_ray.errors import ConfigError, PlacementTimeoutError
-from horovod_ray.settings import WorkerLayout
+from horovod_ray.layouts import WorkerLayout
 
 logger = logging.getLogger(__name__)
 
 # Ray picks any bundle of the group that has room.
 ANY_BUNDLE = -1
+# The label every Ray node carries with its id: a bundle that selects it takes that node.
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +38,8 @@ class PlacementPlan:
     bundles: tuple[dict[str, float], ...]
     strategy: str
     worker_bundles: tuple[int, ...]
+    # Per bundle, the node it must take (Ray's label selectors); empty: any node.
+    node_ids: tuple[str, ...] = ()
 
     @property
     def num_workers(self) -> int:
@@ -57,6 +63,52 @@ def plan_new_group(layout: WorkerLayout) -> PlacementPlan:
         strategy="STRICT_SPREAD",
         worker_bundles=tuple(i // slots for i in range(layout.num_hosts * slots)),
     )
+
+
+def match_hosts(
+    hosts: Sequence[str], nodes: Sequence[Mapping[str, Any]], driver_node_id: str
+) -> list[str]:
+    """The Ray node each named host is, in order: by address, by host name, or
+    ``localhost`` (also 127.0.0.1) for the driver's node. Pure; ``nodes`` is
+    ``ray.nodes()``.
+
+    Raises:
+        ConfigError: A host that is no alive node, or several, or a node named twice;
+            the message lists the cluster's nodes.
+    """
+    alive = [node for node in nodes if node.get("Alive")]
+    listing = ", ".join(
+        f"{n['NodeManagerAddress']} ({n.get('NodeManagerHostname', '?')})" for n in alive
+    )
+    chosen: list[str] = []
+    for host in hosts:
+        if host in ("localhost", "127.0.0.1"):
+            found = [n["NodeID"] for n in alive if n["NodeID"] == driver_node_id]
+        else:
+            found = [
+                n["NodeID"]
+                for n in alive
+                if host in (n.get("NodeManagerAddress"), n.get("NodeManagerHostname"))
+            ]
+        if len(found) != 1:
+            what = "is no node of this Ray cluster" if not found else "names several nodes"
+            raise ConfigError(
+                "hosts", f"host {host!r} {what}; give a node's address or host name: {listing}"
+            )
+        if found[0] in chosen:
+            raise ConfigError("hosts", f"host {host!r} is a node named already; give each once")
+        chosen.append(found[0])
+    return chosen
+
+
+def plan_hosts(layout: WorkerLayout, node_ids: Sequence[str]) -> PlacementPlan:
+    """One bundle per named host, pinned to its node, with that host's ranks in order."""
+    per_worker = layout.worker_resources()
+    bundles, worker_bundles = [], []
+    for index, (_, slots) in enumerate(layout.hosts):
+        bundles.append({name: amount * slots for name, amount in per_worker.items()})
+        worker_bundles.extend([index] * slots)
+    return PlacementPlan(tuple(bundles), "PACK", tuple(worker_bundles), tuple(node_ids))
 
 
 def plan_existing_group(
@@ -118,7 +170,10 @@ def reserve(
         PlacementTimeoutError: Not reserved within ``timeout_s``. The group is removed,
             as it is when the wait is interrupted or ``check`` raises.
     """
-    group = ray.util.placement_group(list(plan.bundles), strategy=plan.strategy)
+    selectors = [{NODE_ID_LABEL: node_id} for node_id in plan.node_ids] or None
+    group = ray.util.placement_group(
+        list(plan.bundles), strategy=plan.strategy, bundle_label_selector=selectors
+    )
     try:
         not_ready = wait_all([group.ready()], timeout_s, check)
     except BaseException:

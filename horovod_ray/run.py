@@ -32,6 +32,9 @@ def run(
     max_workers: int | None = None,
     reset_limit: int | None = None,
     elastic_timeout: float | None = None,
+    # Last, so that the parameters before them keep their positions.
+    cooldown_range: tuple[int, int] | None = None,
+    discovery_interval_s: float | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -62,12 +65,18 @@ def run(
         max_workers: The most ranks an elastic job grows to.
         reset_limit: Elastic: fail after more than this many resets.
         elastic_timeout: Elastic: seconds the job may stay below ``min_workers`` (600).
+        cooldown_range: Elastic: (low, high) seconds a failed node is kept out, growing
+            between the two with each failure (None: a failed node stays out).
+        discovery_interval_s: Elastic: how often Ray's node table is read for new room
+            (default 1).
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
 
     Raises:
-        ConfigError: A bad argument, before Ray is touched.
+        ConfigError: A bad argument, before Ray is touched; also an elastic argument
+            (``reset_limit``, ``cooldown_range``, ``elastic_timeout``,
+            ``discovery_interval_s``) without ``min_workers``.
         ElasticLimitError: An elastic job stayed below ``min_workers`` too long, or reset
             more than ``reset_limit`` times.
         PlacementTimeoutError: The cluster cannot hold the job.
@@ -91,24 +100,32 @@ def run(
         min_workers=min_workers,
         max_workers=max_workers,
         reset_limit=reset_limit,
+        cooldown_range=cooldown_range,
         elastic_timeout=elastic_timeout,
+        discovery_interval_s=discovery_interval_s,
     )
     # Everything the executor would check later is checked now, before Ray starts, and
     # the function and its arguments are pickled once, here.
     call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
     check_env(env)
     callbacks = calls.check_callbacks(callbacks)
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            # A Ray Job's driver, or a user's choice: join that cluster.
-            logger.info("no Ray running in this process: joining RAY_ADDRESS")
-            ray.init()
-        else:
-            # A new local instance, never another one that happens to run on the machine.
-            logger.info("no Ray running in this process: starting a local one")
-            local_ray.start()
+    _ensure_ray()
     try:
         executor.start(extra_env_vars=env)
         return executor.run_call(call, callbacks)
     finally:
         executor.stop()
+
+
+def _ensure_ray() -> None:
+    """Joins RAY_ADDRESS, or starts a local Ray, when this process has none."""
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):
+        # A Ray Job's driver, or a user's choice: join that cluster.
+        logger.info("no Ray running in this process: joining RAY_ADDRESS")
+        ray.init()
+    else:
+        # A new local instance, never another one that happens to run on the machine.
+        logger.info("no Ray running in this process: starting a local one")
+        local_ray.start()

@@ -28,10 +28,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from horovod_ray import bringup, calls, failures, logs, network, placement, probe
 from horovod_ray.errors import PlacementTimeoutError, WorkerFailedError
+from horovod_ray.layouts import WorkerLayout
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rendezvous import ClusterRendezvous, RendezvousServer
-from horovod_ray.settings import Settings, WorkerLayout
+from horovod_ray.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,13 @@ class StaticJob:
 
     def prepare(self) -> None:
         """Plans the placement: a bad layout raises ConfigError before anything is taken."""
+        if self._layout.hosts is not None:
+            # Named nodes: matched now, before anything is taken (an unknown host fails).
+            names = [name for name, _ in self._layout.hosts]
+            driver = ray.get_runtime_context().get_node_id()
+            node_ids = placement.match_hosts(names, ray.nodes(), driver)
+            self._plan, self._group = placement.plan_hosts(self._layout, node_ids), None
+            return
         group = placement.current_group(self._layout)
         if group is None:
             self._layout.require_counts()

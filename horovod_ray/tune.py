@@ -36,22 +36,62 @@ import shutil
 import tarfile
 import tempfile
 import threading
+from types import ModuleType
 from typing import Any, Callable
 
 import ray
 from ray import tune
-from ray.train._internal import session as train_session
-from ray.tune.trainable.function_trainable import wrap_function
 
 from horovod_ray.calls import pickle_fn
 from horovod_ray.errors import ConfigError, HorovodRayError
 from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.layouts import WorkerLayout
 from horovod_ray.logs import post
-from horovod_ray.settings import Settings, WorkerLayout, create_settings, require_positive
+from horovod_ray.settings import Settings, create_settings, require_positive
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DistributedTrainableCreator"]
+
+# The Ray whose internals this adapter uses (constraints.txt pins it).
+_SUPPORTED_RAY = "2.60"
+
+
+def _ray_internals() -> tuple[ModuleType, Callable[..., Any]]:
+    """The two Ray internals this adapter needs, checked once, at import.
+
+    ``ray.train._internal.session._session`` is the process-wide session that
+    ``ray.tune.report`` and ``ray.tune.get_checkpoint`` read (the ranks install their own
+    there), and ``ray.tune.trainable.function_trainable.wrap_function(fn, name=...)`` makes
+    the trainable class. Neither is public API: a Ray that moved them would otherwise fail
+    with an ImportError deep in Ray, or send the ranks' reports nowhere.
+
+    Raises:
+        HorovodRayError: Naming the Ray found, the one supported and what is missing.
+    """
+
+    def unsupported(missing: str) -> HorovodRayError:
+        return HorovodRayError(
+            f"horovod_ray.tune supports Ray {_SUPPORTED_RAY} and found Ray {ray.__version__}, "
+            f"which lacks {missing}; install ray[tune]=={_SUPPORTED_RAY}.0 (see constraints.txt)"
+        )
+
+    try:
+        from ray.train._internal import session
+    except ImportError as err:
+        raise unsupported("ray.train._internal.session") from err
+    try:
+        from ray.tune.trainable.function_trainable import wrap_function
+    except ImportError as err:
+        raise unsupported("ray.tune.trainable.function_trainable.wrap_function") from err
+    if not hasattr(session, "_session"):
+        raise unsupported("ray.train._internal.session._session")
+    if "name" not in inspect.signature(wrap_function).parameters:
+        raise unsupported("the name parameter of wrap_function")
+    return session, wrap_function
+
+
+train_session, wrap_function = _ray_internals()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,17 +162,12 @@ class _RankSession:
 
 
 def _install_session(session: _RankSession | None) -> None:
-    """The one place that touches Ray's internals: the process-wide session Tune reads.
+    """Makes ``session`` the process-wide session Tune's functions read.
 
     ``ray.tune.report`` and ``ray.tune.get_checkpoint`` look up
-    ``ray.train._internal.session._session`` (Ray 2.60). If a Ray upgrade moves it, this
-    fails loudly instead of reports going nowhere (test_tune checks it too).
+    ``ray.train._internal.session._session`` (Ray 2.60); ``_ray_internals`` checked at
+    import that it is there, and test_tune checks that Tune reads it.
     """
-    if not hasattr(train_session, "_session"):
-        raise HorovodRayError(
-            "this Ray keeps Tune's session elsewhere than ray.train._internal.session."
-            "_session; horovod_ray.tune supports Ray 2.60 (see constraints.txt)"
-        )
     train_session._session = session
 
 

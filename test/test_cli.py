@@ -118,13 +118,17 @@ def test_same_lines_as_horovodrun(tmp_path):
 
 
 def test_env_flag_and_output_files(address, tmp_path):
-    logs = tmp_path / "logs"
+    """Also horovodrun's host list (the driver's node, by name) and a tuning flag, whose
+    HOROVOD_TIMELINE makes rank 0 write horovod's timeline."""
+    logs, timeline = tmp_path / "logs", tmp_path / "timeline.json"
     code, out, err = _run(
-        "-np", "2", "--address", address, "--env", "FOO=from-flag",
-        "--output-filename", str(logs), sys.executable, SCRIPT, "allreduce",
+        "-H", "localhost:2", "--address", address, "--env", "FOO=from-flag",
+        "--output-filename", str(logs), "--timeline-filename", str(timeline),
+        sys.executable, SCRIPT, "allreduce",
         cwd=tmp_path,
     )  # fmt: skip
     assert code == 0, err[-3000:]
+    assert timeline.read_text().startswith("[")
     assert "[0]<stdout>:rank 0 FOO=from-flag" in out
     assert sorted(p.name for p in logs.iterdir()) == ["rank.0", "rank.1"]
     for rank in (0, 1):
@@ -133,6 +137,12 @@ def test_env_flag_and_output_files(address, tmp_path):
         assert stdout == "".join(line for line in LINE.split(out) if line.startswith(f"[{rank}]"))
         stderr = (logs / f"rank.{rank}" / "stderr").read_text()
         assert f"[{rank}]<stderr>:rank {rank} says hello on stderr\n" in stderr
+
+
+def test_a_host_that_is_no_node_exits_2_naming_it(address):
+    code, _, err = _run("--address", address, "-H", "10.255.255.1:1", sys.executable, SCRIPT)
+    assert code == 2, err[-3000:]
+    assert "-H/--hosts: host '10.255.255.1' is no node of this Ray cluster" in err
 
 
 def test_failing_rank_sets_the_status_and_stops_the_others(address, tmp_path):
@@ -238,7 +248,7 @@ def test_horovodruns_gloo_flag_is_taken_and_no_flag_is_abbreviated(capsys):
     from horovod_ray.cli import build_parser, main
 
     args = build_parser().parse_args(["run", "--gloo", "-np", "2", "python", "train.py"])
-    assert (args.gloo, args.num_proc, args.command) == (True, 2, ["python", "train.py"])
+    assert (args.use_gloo, args.num_proc, args.command) == (True, 2, ["python", "train.py"])
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["run", "--gloo-timeout", "5", "-np", "2", "python"])
     assert exited.value.code == 2

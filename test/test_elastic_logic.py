@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from horovod.runner.common.util.hosts import SlotInfo
 
@@ -9,8 +11,8 @@ from horovod_ray import RayExecutor
 from horovod_ray._elastic_driver import rank_info
 from horovod_ray.discovery import node_slots
 from horovod_ray.errors import ConfigError
+from horovod_ray.layouts import ElasticLayout
 from horovod_ray.ranks import RankInfo, membership_change
-from horovod_ray.settings import ElasticLayout
 
 
 def _node(node_id: str, cpus: float, gpus: float = 0, alive: bool = True, ip: str = "10.0.0.1"):
@@ -78,6 +80,44 @@ def test_run_refuses_sizes_on_an_elastic_job():
         with pytest.raises(ConfigError) as raised:
             horovod_ray.run(print, min_workers=2, **{name: 2})
         assert raised.value.parameter == name
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Makes run() fail at once where it would start or join Ray: these tests stay pure."""
+    run_module = importlib.import_module("horovod_ray.run")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("run() reached Ray: the arguments were not refused first")
+
+    monkeypatch.setattr(run_module.local_ray, "start", refuse)
+    monkeypatch.setattr(run_module.ray, "init", refuse)
+
+
+@pytest.mark.parametrize("name, value", [("cooldown_range", (1, 2)), ("discovery_interval_s", 0.5)])
+def test_run_refuses_elastic_limits_on_a_static_job(no_ray, name, value):
+    import horovod_ray
+
+    # Good values, refused only because the job has no min_workers: run() must pass them
+    # on to RayExecutor, which refuses them before Ray starts.
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.run(print, num_slots=2, **{name: value})
+    assert raised.value.parameter == name
+    assert "give min_workers too" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "name, value, text",
+    [("cooldown_range", (0, 5), "1 <= low"), ("discovery_interval_s", 0, "> 0")],
+)
+def test_run_passes_elastic_limits_to_an_elastic_job(no_ray, name, value, text):
+    import horovod_ray
+
+    # A bad value is refused by the elastic layout, which only sees what run() passed on.
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.run(print, min_workers=2, **{name: value})
+    assert raised.value.parameter == name
+    assert text in str(raised.value)
 
 
 @pytest.mark.parametrize(

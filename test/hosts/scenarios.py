@@ -102,11 +102,14 @@ def settle() -> dict:
 
 @scenario
 def spread(params: dict) -> dict:
-    """One job over hosts; each rank's identity, interface and Gloo peer addresses."""
+    """One job over hosts (spread, or named: ``named_hosts``); each rank's identity,
+    interface and Gloo peer addresses."""
+    if "named_hosts" in params:
+        size = {"hosts": [tuple(pair) for pair in params["named_hosts"]]}
+    else:
+        size = {"num_hosts": params["num_hosts"], "num_workers_per_host": params["num_slots"]}
     with RayExecutor(
-        RayExecutor.create_settings(timeout_s=60, nics=params.get("nics")),
-        num_hosts=params["num_hosts"],
-        num_workers_per_host=params["num_slots"],
+        RayExecutor.create_settings(timeout_s=60, nics=params.get("nics")), **size
     ) as executor:
         facts = executor.run(rank_facts)
         nodes = [rank.node_id for rank in executor.ranks]

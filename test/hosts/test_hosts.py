@@ -104,6 +104,23 @@ def test_two_hosts_two_ranks_each(cluster: SimHosts) -> None:
     _check_pairs_on_interfaces(cluster, result)
 
 
+def test_named_hosts_take_their_ranks_in_the_order_given(cluster: SimHosts) -> None:
+    """horovodrun's host list: h3 by its name first, then h2 by its address; the ranks go
+    there in that order (world ranks 0 on h3, 1 and 2 on h2), and nowhere else."""
+    h2 = _host_of(cluster, "h2.sim")
+    hosts = [["h3.sim", 1], [h2.address, 2]]
+    result = cluster.scenario(cluster.head, "spread", named_hosts=hosts)
+    facts = result["facts"]
+    assert [(f["rank"], f["hostname"]) for f in facts] == [
+        (0, "h3.sim"),
+        (1, "h2.sim"),
+        (2, "h2.sim"),
+    ]
+    assert all(f["sum"] == 6.0 and f["size"] == 3 for f in facts)
+    assert [f["local_rank"] for f in facts] == [0, 0, 1]
+    assert result["after"] == {"alive_actors": [], "live_groups": []}
+
+
 def test_nics_list_spans_hosts_with_different_interface_names(cluster: SimHosts) -> None:
     # The second network, which Ray does not use: ib1 on h2, ib0 on h1 and h3. Each node
     # takes the first of nics it has, and Gloo's connections run there.

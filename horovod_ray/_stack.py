@@ -18,9 +18,11 @@ import os
 from horovod_ray.errors import HorovodRayError
 
 INSTALL_HINT = (
-    "run `make install` in a horovod_ray checkout: it builds horovod 0.28.1 with Gloo and "
-    "TensorFlow, with the fixes in patches/ (README, 'Requirements', lists the steps to "
-    "do it by hand)"
+    "reinstall horovod with Gloo: `make install` in a horovod_ray checkout, or, with the "
+    "fixes in patches/ applied to its source as README's 'Requirements' shows, "
+    "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 "
+    "HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation "
+    "--no-cache-dir ./horovod-0.28.1"
 )
 
 # Only a build with HAVE_GLOO compiles horovod's Gloo controller into the extension.

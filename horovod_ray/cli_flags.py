@@ -28,19 +28,27 @@ logger = logging.getLogger(__name__)
 OVERRIDES = "_overrides"
 
 # Flag -> why it is refused; each names what to do instead.
+_NO_MPI = "horovod-ray runs every job with Gloo (Ray starts the ranks); drop it"
+_ELASTIC_LATER = (
+    "not supported yet: elastic jobs run through the library (RayExecutor(min_workers=...)); "
+    "see README, 'Elastic jobs'"
+)
 REFUSED = {
-    "--mpi": "horovod-ray runs every job with Gloo (Ray starts the ranks); drop it, or use --gloo",
-    "--jsrun": "horovod-ray runs every job with Gloo (Ray starts the ranks); drop it",
+    "--mpi": f"{_NO_MPI}, or use --gloo",
+    "--jsrun": _NO_MPI,
     "--mpi-args": "there is no mpirun to pass them to: Ray starts the ranks; drop it",
     "--binding-args": "there is no MPI launcher to bind with: Ray places the ranks; drop it",
-    "--host-discovery-script": "not supported yet: elastic jobs run through the library "
-    "(RayExecutor(min_workers=...)); see README, 'Elastic jobs'",
-    "--min-np": "not supported yet: elastic jobs run through the library "
-    "(RayExecutor(min_workers=...)); see README, 'Elastic jobs'",
-    "--max-np": "not supported yet: elastic jobs run through the library",
-    "--elastic-timeout": "not supported yet: elastic jobs run through the library",
-    "--reset-limit": "not supported yet: elastic jobs run through the library",
-    "--blacklist-cooldown-range": "not supported yet: elastic jobs run through the library",
+    **dict.fromkeys(
+        (
+            "--host-discovery-script",
+            "--min-np",
+            "--max-np",
+            "--elastic-timeout",
+            "--reset-limit",
+            "--blacklist-cooldown-range",
+        ),
+        _ELASTIC_LATER,
+    ),
     "--prefix-output-with-timestamp": "not supported yet: each line comes as horovodrun's "
     "[rank]<stream>: prefix only; drop it",
 }

@@ -100,8 +100,13 @@ def common_env(rendezvous: Any, timeout_s: float, elastic: bool) -> dict[str, st
 def rank_env(
     rank: RankInfo, common: Mapping[str, str], iface: str, extra: Mapping[str, str]
 ) -> dict[str, str]:
-    """One rank's whole environment: shared part, identity (GPUs too), interface, extras."""
-    return {**common, **rank.env(), "HOROVOD_GLOO_IFACE": iface, **extra}
+    """One rank's whole environment: shared part, identity (GPUs too), interface, extras.
+
+    As horovodrun (and horovod.ray), NCCL's sockets use Gloo's interface unless the
+    extras name others.
+    """
+    nics = {"HOROVOD_GLOO_IFACE": iface, "NCCL_SOCKET_IFNAME": iface}
+    return {**common, **rank.env(), **nics, **extra}
 
 
 def setup(actor: Any, env: Mapping[str, str], rank: RankInfo, executable: bytes | None):

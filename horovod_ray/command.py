@@ -46,6 +46,9 @@ GUARD_EXTRA_S = 2.0
 PIPE_LINGER_S = 1.0
 # Set in the child: Ray's GPU assignment travels in the actor's environment.
 _FROM_ACTOR = MANAGED_ENV | {"CUDA_VISIBLE_DEVICES"}
+# Set in the child unless ``--env`` names it: the rank's interface wins over the caller's,
+# as horovodrun's command line prefix does.
+_FROM_ACTOR_UNLESS_GIVEN = frozenset({"NCCL_SOCKET_IFNAME"})
 # The caller's variables horovodrun does not pass on either.
 _NOT_PASSED = re.compile(r"BASH_FUNC_.*|OLDPWD|HOROVOD_SECRET_KEY")
 # Runs each command and ends its tree with it; by path, so it imports nothing heavy.
@@ -202,6 +205,7 @@ def child_env(caller_env: dict[str, str], extra_env: dict[str, str]) -> dict[str
         for key, value in caller_env.items()
         if key not in _FROM_ACTOR and not _NOT_PASSED.fullmatch(key)
     }
+    env.update({key: os.environ[key] for key in _FROM_ACTOR_UNLESS_GIVEN if key in os.environ})
     env.update(extra_env)
     env.update({key: os.environ[key] for key in _FROM_ACTOR if key in os.environ})
     # As horovodrun: Python ranks write to a pipe, which would otherwise hold their lines.

@@ -38,8 +38,15 @@ def test_a_ranks_environment_is_its_identity_over_the_shared_part():
         "HOROVOD_HOSTNAME": "node-a",
         "CUDA_VISIBLE_DEVICES": "0,1",
         "HOROVOD_GLOO_IFACE": "lo",
+        "NCCL_SOCKET_IFNAME": "lo",
         "MY_FLAG": "1",
     }
+
+
+def test_nccl_follows_gloos_interface_unless_the_extras_name_one():
+    rank = RankInfo(0, 1, 0, 1, 0, 1, "node-a", ())
+    assert rank_env(rank, {}, "eth1", {})["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert rank_env(rank, {}, "eth1", {"NCCL_SOCKET_IFNAME": "ib0"})["NCCL_SOCKET_IFNAME"] == "ib0"
 
 
 def test_ranks_starting_one_by_one_see_their_nodes_gpus_once_all_are_there():

@@ -117,6 +117,58 @@ def test_same_lines_as_horovodrun(tmp_path):
     assert "[0]<stdout>:rank 0 progress 1/2\r[0]<stdout>:rank 0 progress 2/2\n" in out
 
 
+# What may differ between the two launchers' ranks: the rendezvous server's address (ours
+# carries the job's secret), the node's name (horovodrun's -H name, here the Ray node id),
+# and ours alone, the one-round-trip rendezvous (README, "Scale").
+LAUNCHER_OWN = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME")
+OURS_ONLY = ("HOROVOD_GLOO_RENDEZVOUS_BATCH",)
+PARITY = [
+    [],
+    ["-H", "localhost:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
+     "--cache-capacity", "512", "--hierarchical-allreduce", "--no-stall-check",
+     "--log-level", "DEBUG", "--log-without-timestamp"],
+    ["--network-interfaces", "lo", "--gloo-timeout-seconds", "45", "--timeline-filename",
+     "timeline.json", "--timeline-mark-cycles", "--autotune", "--autotune-log-file", "at.csv"],
+    ["--config-file", "horovod.yaml", "--cycle-time-ms", "7"],
+]  # fmt: skip
+
+
+def _rank_envs(out: str) -> dict[int, dict[str, str]]:
+    envs: dict[int, dict[str, str]] = {}
+    for rank, name, value in re.findall(r"^\[(\d+)\]<stdout>:(\w+)=(.*)$", out, re.M):
+        envs.setdefault(int(rank), {})[name] = value
+    return envs
+
+
+@pytest.mark.parametrize("flags", PARITY, ids=lambda flags: " ".join(flags[:2]) or "none")
+def test_each_rank_gets_the_environment_horovodrun_gives(address, tmp_path, flags):
+    """The same command line under horovodrun and ``horovod-ray run``: every HOROVOD_* and
+    NCCL_* variable of every rank matches, but for the launcher's own address and name."""
+    (tmp_path / "horovod.yaml").write_text(
+        "params:\n  fusion_threshold_mb: 16\n  cycle_time_ms: 4\n"
+        "stall_check:\n  warning_time_seconds: 30\n"
+    )
+    command = ["-np", "2", *flags, sys.executable, SCRIPT, "env"]
+    code, out, err = _run("--address", address, *command, cwd=tmp_path)
+    assert code == 0, err[-3000:]
+    reference = subprocess.run(
+        [str(VENV_BIN / "horovodrun"), "--gloo", *command],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    ours, theirs = _rank_envs(out), _rank_envs(reference.stdout)
+    assert sorted(ours) == sorted(theirs) == [0, 1]
+    for rank in ours:
+        for name in LAUNCHER_OWN:
+            assert ours[rank].pop(name) and theirs[rank].pop(name)
+        for name in OURS_ONLY:
+            ours[rank].pop(name)
+        if "--gloo-timeout-seconds" not in flags:
+            # Our default (README), where horovodrun sets nothing and Gloo waits 30 s.
+            assert ours[rank].pop("HOROVOD_GLOO_TIMEOUT_SECONDS") == "120"
+        assert ours[rank] == theirs[rank]
+
+
 def test_env_flag_and_output_files(address, tmp_path):
     """Also horovodrun's host list (the driver's node, by name) and a tuning flag, whose
     HOROVOD_TIMELINE makes rank 0 write horovod's timeline."""

@@ -58,6 +58,13 @@ def test_child_env_layers_caller_then_flags_then_rank(monkeypatch):
     assert "OLDPWD" not in child_env({"OLDPWD": "/", "BASH_FUNC_x%%": "() {}"}, {})
 
 
+def test_nccls_interface_is_the_ranks_unless_env_names_one(monkeypatch):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "eth1")
+    caller = {"NCCL_SOCKET_IFNAME": "docker0"}
+    assert child_env(caller, {})["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert child_env(caller, {"NCCL_SOCKET_IFNAME": "ib0"})["NCCL_SOCKET_IFNAME"] == "ib0"
+
+
 def test_output_prefixes_lines_and_mirrors_them_to_files(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     output = Output(out, err, str(tmp_path))

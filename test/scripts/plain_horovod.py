@@ -3,6 +3,7 @@
 python plain_horovod.py allreduce        rank lines, a stderr line, env and cwd
 python plain_horovod.py fail RANK CODE   RANK exits CODE, the others wait
 python plain_horovod.py wait             every rank starts a child, then waits
+python plain_horovod.py env              every HOROVOD_* and NCCL_* variable, sorted
 """
 
 import os
@@ -50,6 +51,12 @@ def live(folder: str) -> None:
     print(f"rank {os.environ['HOROVOD_RANK']} done")
 
 
+def env() -> None:
+    for name in sorted(os.environ):
+        if name.startswith(("HOROVOD_", "NCCL_")):
+            print(f"{name}={os.environ[name]}")
+
+
 def wait() -> None:
     child = subprocess.Popen(["sleep", "120"])
     print(f"pids {os.getpid()} {child.pid}", flush=True)
@@ -64,5 +71,7 @@ if __name__ == "__main__":
         fail(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     elif action == "live":
         live(sys.argv[2])
+    elif action == "env":
+        env()
     else:
         wait()

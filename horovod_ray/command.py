@@ -41,6 +41,11 @@ POLL_S = 0.2
 END_GRACE_S = 3.0
 # More time the guard gets to report its exit before it is killed with its tree.
 GUARD_EXTRA_S = 2.0
+# Most characters of output a rank holds for the driver: once that much waits, the rank
+# stops reading its command's pipes, so a command that prints faster than the driver
+# takes its lines blocks in its writes (as it would under horovodrun), and the actor's
+# and the driver's memory stay bounded (the driver holds at most one poll's worth a rank).
+MAX_QUEUED_CHARS = 1 << 20
 # After the command exits, how long its output may stay open (a background child holding
 # the pipe) before the exit is reported anyway.
 PIPE_LINGER_S = 1.0
@@ -107,6 +112,8 @@ class RankProcess:
     def __init__(self, argv: list[str], env: dict[str, str], cwd: str) -> None:
         self._ready = threading.Condition()
         self._lines: collections.deque[tuple[str, str]] = collections.deque()
+        self._queued_chars = 0
+        self._readers_waiting = 0  # readers with lines in hand, waiting for room
         self._open_pipes = 2
         self._exit: Exit | None = None
         self._exited_at = 0.0
@@ -136,7 +143,12 @@ class RankProcess:
             if not chunk and pending:
                 lines.append(pending + "\n")
             with self._ready:
+                if self._queued_chars >= MAX_QUEUED_CHARS:
+                    self._readers_waiting += 1
+                    self._ready.wait_for(lambda: self._queued_chars < MAX_QUEUED_CHARS)
+                    self._readers_waiting -= 1
                 self._lines.extend((stream, line) for line in lines)
+                self._queued_chars += sum(map(len, lines))
                 if not chunk:
                     self._open_pipes -= 1
                 self._ready.notify_all()
@@ -152,7 +164,7 @@ class RankProcess:
             self._ready.notify_all()
 
     def _finished(self) -> bool:
-        if self._exit is None:
+        if self._exit is None or self._readers_waiting:
             return False
         return self._open_pipes == 0 or time.monotonic() - self._exited_at > PIPE_LINGER_S
 
@@ -163,7 +175,9 @@ class RankProcess:
             self._ready.wait_for(lambda: self._lines or self._finished(), timeout_s)
             lines = list(self._lines)
             self._lines.clear()
-            return lines, self._exit if self._finished() and not self._lines else None
+            self._queued_chars = 0
+            self._ready.notify_all()  # readers waiting for room go on
+            return lines, self._exit if self._finished() else None
 
     def end(self, grace_s: float) -> None:
         """Ends the command's whole tree: the guard gets SIGTERM and ends it (SIGTERM, then

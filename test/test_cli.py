@@ -226,6 +226,56 @@ def test_lines_arrive_while_the_rank_runs(address, tmp_path):
     assert sorted(out.splitlines()) == ["[0]<stdout>:rank 0 done", "[1]<stdout>:rank 1 done"]
 
 
+# The CLI, reporting how much its private memory grew (sampled: Ray's shared object store
+# is in RSS too, but is not what would grow).
+MEASURED_CLI = """
+import sys, threading
+from horovod_ray.cli import main
+
+def private_kb():
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith("RssAnon:")).split()[1])
+
+first = peak = private_kb()
+def sample():
+    global peak
+    while True:
+        peak = max(peak, private_kb())
+        threading.Event().wait(0.02)
+
+threading.Thread(target=sample, daemon=True).start()
+code = main(sys.argv[1:])
+print(f"driver grew {peak - first} kB", file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_a_rank_that_prints_faster_than_it_is_read_waits_for_the_reader(address):
+    """200 MB printed as fast as a rank can while nobody reads the CLI's output for a
+    while: the rank blocks in its writes (as under horovodrun), its actor's and the
+    driver's memory stay bounded, and every line arrives, in order."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", MEASURED_CLI, "run", "--address", address, "-np", "1",
+         sys.executable, SCRIPT, "flood", "200"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        time.sleep(4)  # the driver blocks in its writes; without a bound, the actor queues
+        expected = 0
+        for line in process.stdout:
+            if line.startswith(b"[0]<stdout>:"):
+                assert int(line[12:21]) == expected
+                expected += 1
+        err = process.stderr.read().decode()
+        assert process.wait(timeout=60) == 0, err[-3000:]
+    finally:
+        process.kill()
+    assert expected == 200 * 1000
+    grew = dict(re.findall(r"(actor|driver) grew (\d+) kB", err))
+    assert int(grew["actor"]) < 64 * 1024, err
+    assert int(grew["driver"]) < 64 * 1024, err
+
+
 def test_ctrl_c_while_the_job_waits_for_room_stops_it(address):
     """Nine ranks cannot fit the four CPUs: the start waits, and Ctrl-C ends the wait."""
     process = _cli("-np", "9", "--address", address, "sleep", "60", start_new_session=True)

@@ -4,6 +4,7 @@ python plain_horovod.py allreduce        rank lines, a stderr line, env and cwd
 python plain_horovod.py fail RANK CODE   RANK exits CODE, the others wait
 python plain_horovod.py wait             every rank starts a child, then waits
 python plain_horovod.py env              every HOROVOD_* and NCCL_* variable, sorted
+python plain_horovod.py flood MB         MB megabytes of numbered lines, as fast as it can
 """
 
 import os
@@ -57,6 +58,37 @@ def env() -> None:
             print(f"{name}={os.environ[name]}")
 
 
+def _status_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def flood(megabytes: int) -> None:
+    import threading
+
+    # The rank's actor: this process's parent is the guard, whose parent is the actor.
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        actor = int(stat.read().rsplit(")", 1)[1].split()[1])
+    # Its private memory (Ray's shared object store, also in its RSS, is not what grows).
+    first = peak = _status_kb(actor, "RssAnon")
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.02):
+            peak = max(peak, _status_kb(actor, "RssAnon"))
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    pad = "x" * 990
+    for batch in range(megabytes):
+        sys.stdout.write("".join(f"{batch * 1000 + i:09d} {pad}\n" for i in range(1000)))
+    done.set()
+    sampler.join()
+    print(f"actor grew {peak - first} kB", file=sys.stderr)
+
+
 def wait() -> None:
     child = subprocess.Popen(["sleep", "120"])
     print(f"pids {os.getpid()} {child.pid}", flush=True)
@@ -73,5 +105,7 @@ if __name__ == "__main__":
         live(sys.argv[2])
     elif action == "env":
         env()
+    elif action == "flood":
+        flood(int(sys.argv[2]))
     else:
         wait()

@@ -10,7 +10,8 @@ same output, environment and directory, and:
   if the actor dies (the parent-death signal), ends the tree: SIGTERM, then SIGKILL after
   a grace period;
 * when COMMAND exits, ends whatever it left running, then exits with COMMAND's status
-  (a command killed by signal N makes it die of signal N too).
+  (a command killed by signal N makes it die of signal N too); one that cannot start
+  exits 127 (not found) or 126 (not runnable), as a shell does.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def main(argv: list[str]) -> int:
         child = subprocess.Popen(command)
     except OSError as err:
         print(f"horovod-ray: cannot run {command[0]!r}: {err}", file=sys.stderr, flush=True)
-        return 127
+        # A shell's statuses: 127 not found, 126 found but not runnable.
+        return 127 if isinstance(err, FileNotFoundError) else 126
     ended, next_reap = False, time.monotonic() + REAP_EVERY_S
     while True:
         if ending and not ended:

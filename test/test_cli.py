@@ -216,6 +216,18 @@ def test_killed_rank_reports_the_signal(address, tmp_path):
     assert re.search(r"rank 0 on \S+ \([\d.]+\) was killed by SIGKILL \(status 137\)", err)
 
 
+def test_a_command_that_cannot_start_on_its_node_exits_127(address, tmp_path):
+    """Found on the driver's machine, so it passes the check before Ray, but it cannot
+    start: its interpreter is missing (on another node, it could be the program)."""
+    program = tmp_path / "tool"
+    program.write_text("#!/no/such/interpreter\n")
+    program.chmod(0o755)
+    code, _, err = _run("-np", "2", "--address", address, str(program))
+    assert code == 127, err[-2000:]
+    assert f"cannot run '{program}'" in err
+    assert re.search(r"rank \d on \S+ \([\d.]+\) exited with status 127", err)
+
+
 def test_lines_arrive_while_the_rank_runs(address, tmp_path):
     process = _cli("-np", "2", "--address", address, sys.executable, SCRIPT, "live", str(tmp_path))
     ready = {process.stdout.readline() for _ in range(2)}  # before the ranks may go on

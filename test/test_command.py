@@ -132,6 +132,15 @@ def test_a_command_that_cannot_start_exits_127(tmp_path):
     assert "cannot run '/no/such/program'" in lines[0][1]
 
 
+def test_a_command_that_is_not_runnable_exits_126(tmp_path):
+    data = tmp_path / "data.txt"
+    data.write_text("not a program\n")  # no execute permission
+    process = RankProcess([str(data)], {"PATH": os.environ["PATH"]}, str(tmp_path))
+    lines, done = _drain(process)
+    assert done.returncode == 126
+    assert "Permission denied" in lines[0][1]
+
+
 def _not_zombie(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

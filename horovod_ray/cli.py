@@ -341,7 +341,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, 
     if args.nics:
         # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
         extra_env.setdefault("NCCL_SOCKET_IFNAME", args.nics)
-    output = Output(sys.stdout, sys.stderr, args.output_filename)
+    output = Output(sys.stdout, sys.stderr, args.output_filename, args.prefix_output_with_timestamp)
     if args.output_filename:
         try:
             os.makedirs(args.output_filename, exist_ok=True)

@@ -11,8 +11,7 @@
   warning (Ray starts the ranks).
 * ``-H``/``--hosts`` and ``--hostfile`` name Ray nodes (:func:`host_list`).
 * Flags that would mislead are refused before Ray starts: the MPI launch (``--mpi``,
-  ``--jsrun``, ``--mpi-args``, ``--binding-args``) and, for now, the elastic flags and
-  ``--prefix-output-with-timestamp``.
+  ``--jsrun``, ``--mpi-args``, ``--binding-args``) and, for now, the elastic flags.
 """
 
 from __future__ import annotations
@@ -49,8 +48,6 @@ REFUSED = {
         ),
         _ELASTIC_LATER,
     ),
-    "--prefix-output-with-timestamp": "not supported yet: each line comes as horovodrun's "
-    "[rank]<stream>: prefix only; drop it",
 }
 # Flag -> why it is taken and not used (said once, on stderr, when it is given).
 IGNORED = {
@@ -197,8 +194,9 @@ def add_other_flags(run: argparse.ArgumentParser) -> None:
     other.add_argument("--reset-limit", help=hidden)
     other.add_argument("--blacklist-cooldown-range", nargs=2, help=hidden)
     other.add_argument(
-        "-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true", help=hidden
-    )
+        "-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
+        help="each line starts with the time it arrived, as horovodrun's",
+    )  # fmt: skip
 
 
 class _Version(argparse.Action):

@@ -273,11 +273,22 @@ def rank_dir_name(rank: int, size: int) -> str:
 
 
 class Output:
-    """Writes the ranks' lines with horovodrun's prefixes, to the terminal and to files."""
+    """Writes the ranks' lines with horovodrun's prefixes, to the terminal and to files.
 
-    def __init__(self, stdout: IO[str], stderr: IO[str], output_dir: str | None) -> None:
+    With ``timestamps``, each line also starts with the time it reached the driver, in
+    horovodrun's format (``time.asctime``, local time; its launcher stamps what it reads).
+    """
+
+    def __init__(
+        self,
+        stdout: IO[str],
+        stderr: IO[str],
+        output_dir: str | None,
+        timestamps: bool = False,
+    ) -> None:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._output_dir = output_dir
+        self._timestamps = timestamps
         self._files: dict[tuple[int, str], IO[str]] = {}
 
     def open(self, size: int) -> None:
@@ -292,11 +303,12 @@ class Output:
 
     def write(self, rank: int, lines: list[tuple[str, str]]) -> None:
         previous = None
+        stamp = time.asctime() if self._timestamps else ""
         for stream, line in lines:
             if previous is not None and stream != previous:
                 # Keep a rank's stdout and stderr in order when both go to one terminal.
                 self._flush(rank, previous)
-            text = f"[{rank}]<{stream}>:{line}"
+            text = f"{stamp}[{rank}]<{stream}>:{line}"
             self._streams[stream].write(text)
             file = self._files.get((rank, stream))
             if file is not None:

@@ -129,13 +129,16 @@ PARITY = [
      "--log-level", "DEBUG", "--log-without-timestamp"],
     ["--network-interfaces", "lo", "--gloo-timeout-seconds", "45", "--timeline-filename",
      "timeline.json", "--timeline-mark-cycles", "--autotune", "--autotune-log-file", "at.csv"],
-    ["--config-file", "horovod.yaml", "--cycle-time-ms", "7"],
+    ["--config-file", "horovod.yaml", "--cycle-time-ms", "7", "--prefix-output-with-timestamp"],
 ]  # fmt: skip
+# horovodrun's --prefix-output-with-timestamp: time.asctime() before each line's prefix.
+STAMP = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"
 
 
-def _rank_envs(out: str) -> dict[int, dict[str, str]]:
+def _rank_envs(out: str, stamped: bool) -> dict[int, dict[str, str]]:
+    stamp = STAMP if stamped else ""
     envs: dict[int, dict[str, str]] = {}
-    for rank, name, value in re.findall(r"^\[(\d+)\]<stdout>:(\w+)=(.*)$", out, re.M):
+    for rank, name, value in re.findall(rf"^{stamp}\[(\d+)\]<stdout>:(\w+)=(.*)$", out, re.M):
         envs.setdefault(int(rank), {})[name] = value
     return envs
 
@@ -156,7 +159,8 @@ def test_each_rank_gets_the_environment_horovodrun_gives(address, tmp_path, flag
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert reference.returncode == 0, reference.stderr[-3000:]
-    ours, theirs = _rank_envs(out), _rank_envs(reference.stdout)
+    stamped = "--prefix-output-with-timestamp" in flags
+    ours, theirs = _rank_envs(out, stamped), _rank_envs(reference.stdout, stamped)
     assert sorted(ours) == sorted(theirs) == [0, 1]
     for rank in ours:
         for name in LAUNCHER_OWN:

@@ -84,7 +84,7 @@ def test_a_config_file_sets_what_the_command_line_does_not(tmp_path, monkeypatch
 @pytest.mark.parametrize("flag", sorted(cli_flags.REFUSED))
 def test_a_refused_flag_names_itself_and_the_way_out(flag, capsys):
     values = {"--blacklist-cooldown-range": ["60", "300"]}.get(flag, ["x"])
-    if flag in ("--mpi", "--jsrun", "--prefix-output-with-timestamp"):
+    if flag in ("--mpi", "--jsrun"):
         values = []
     assert main(["run", "-np", "2", flag, *values, "python", "train.py"]) == 2
     err = capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import sys
 import time
@@ -76,6 +77,18 @@ def test_output_prefixes_lines_and_mirrors_them_to_files(tmp_path):
     assert (tmp_path / "rank.1" / "stdout").read_bytes() == b"[1]<stdout>:a\n[1]<stdout>:c\n"
     assert (tmp_path / "rank.1" / "stderr").read_bytes() == b"[1]<stderr>:b\r"
     assert (tmp_path / "rank.0" / "stdout").read_bytes() == b""
+
+
+def test_output_stamps_each_line_as_horovodrun_does(tmp_path):
+    out = io.StringIO()
+    output = Output(out, io.StringIO(), str(tmp_path), timestamps=True)
+    output.open(1)
+    output.write(0, [("stdout", "a\n"), ("stdout", "b\n")])
+    output.close()
+    # time.asctime(), as horovodrun's safe_shell_exec, then the usual prefix.
+    stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"
+    assert re.fullmatch(f"{stamp}\\[0\\]<stdout>:a\n{stamp}\\[0\\]<stdout>:b\n", out.getvalue())
+    assert (tmp_path / "rank.0" / "stdout").read_text() == out.getvalue()
 
 
 def _drain(process: RankProcess, timeout_s: float = 30) -> tuple[list, Exit]:

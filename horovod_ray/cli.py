@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from horovod_ray import cli_flags
 from horovod_ray.command import CommandJob, Output
+from horovod_ray.command_elastic import run_elastic
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import MANAGED_ENV, create_settings
@@ -154,17 +155,18 @@ def _flag_or_env(value: float | None, variable: str, default: float) -> float:
 def _build_executor(args: argparse.Namespace) -> RayExecutor:
     try:
         hosts = cli_flags.host_list(args)
+        elastic = cli_flags.elastic_options(args)
     except ValueError as err:
         raise _UsageError(str(err)) from None
-    if hosts is not None and args.num_hosts is not None:
-        raise _UsageError("give -H/--hostfile or --num-hosts, not both")
-    if args.num_proc is not None and args.num_hosts is not None:
-        raise _UsageError("give -np or --num-hosts, not both")
-    if args.num_proc is None and args.num_hosts is None and hosts is None:
-        raise _UsageError("give the job's size: -np N, or --num-hosts H [--slots-per-host S]")
-    if args.slots_per_host is not None and args.num_hosts is None:
-        raise _UsageError("--slots-per-host needs --num-hosts")
+    if elastic is None:
+        _check_static_size(args, hosts)
     nics = None if args.nics is None else [nic for nic in args.nics.split(",") if nic]
+    job = elastic or {
+        "num_workers": None if hosts else args.num_proc,
+        "num_hosts": args.num_hosts,
+        "hosts": hosts,
+        "num_workers_per_host": 1 if args.slots_per_host is None else args.slots_per_host,
+    }
     try:
         settings = create_settings(
             # As horovodrun: the flag, else the variable, else the default.
@@ -177,38 +179,25 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         )
         return RayExecutor(
             settings,
-            num_workers=None if hosts else args.num_proc,
-            num_hosts=args.num_hosts,
-            hosts=hosts,
-            num_workers_per_host=1 if args.slots_per_host is None else args.slots_per_host,
+            **job,
             cpus_per_worker=args.cpus_per_worker,
             use_gpu=bool(args.gpus_per_worker),
             gpus_per_worker=args.gpus_per_worker or None,
             use_current_placement_group=False,
         )
     except ConfigError as err:
-        raise _UsageError(_as_flag(err)) from err
+        raise _UsageError(cli_flags.as_flag(err)) from err
 
 
-_FLAG_OF = {
-    "num_workers": "-np",
-    "num_hosts": "--num-hosts",
-    "num_workers_per_host": "--slots-per-host",
-    "cpus_per_worker": "--cpus-per-worker",
-    "gpus_per_worker": "--gpus-per-worker",
-    "timeout_s": "--gloo-timeout-seconds",
-    "placement_group_timeout_s": "--start-timeout",
-    "nics": "--network-interfaces",
-    "hosts": "-H/--hosts",
-}
-
-
-def _as_flag(err: ConfigError) -> str:
-    """The executor's message, naming the flag instead of the Python parameter."""
-    parameter = getattr(err, "parameter", None)
-    flag = _FLAG_OF.get(parameter)
-    message = str(err)
-    return message if flag is None else f"{flag}: {message}"
+def _check_static_size(args: argparse.Namespace, hosts: list | None) -> None:
+    if hosts is not None and args.num_hosts is not None:
+        raise _UsageError("give -H/--hostfile or --num-hosts, not both")
+    if args.num_proc is not None and args.num_hosts is not None:
+        raise _UsageError("give -np or --num-hosts, not both")
+    if args.num_proc is None and args.num_hosts is None and hosts is None:
+        raise _UsageError("give the job's size: -np N, or --num-hosts H [--slots-per-host S]")
+    if args.slots_per_host is not None and args.num_hosts is None:
+        raise _UsageError("--slots-per-host needs --num-hosts")
 
 
 class _Signals:
@@ -271,6 +260,8 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
         ranks = sum(n for _, n in layout.hosts)
     else:
         ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
+    if executor.elastic is not None:
+        ranks = max(ranks, executor.elastic.max_workers or 0)
     local_ray.start(
         num_cpus=max(os.cpu_count() or 1, math.ceil(ranks * layout.cpus_per_worker)), **options
     )
@@ -312,10 +303,12 @@ def run_command(args: argparse.Namespace) -> int:
                 signals.on_signal = executor.stop  # a start waiting for room gives up
                 executor.start()
                 signals.on_signal = None
-            if signals.received is None:
-                failed = job.run(
-                    command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir)
-                )
+            run = (command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir))
+            if signals.received is None and executor.elastic is not None:
+                signals.on_signal = executor.stop  # the run ends, and raises
+                run_elastic(executor, output, *run)
+            elif signals.received is None:
+                failed = job.run(*run)
         except KeyboardInterrupt:
             pass  # a second Ctrl-C: the ranks were ended the hard way (see _rank_guard)
         except Exception as err:  # noqa: BLE001 - one line for the user, not a traceback
@@ -360,7 +353,7 @@ def _exit_status(
         return _SIGNAL_STATUS[received]
     if isinstance(error, ConfigError):
         # Found once Ray was there to ask (a host that is no node): still a bad command line.
-        print(f"horovod-ray run: error: {_as_flag(error)}", file=sys.stderr)
+        print(f"horovod-ray run: error: {cli_flags.as_flag(error)}", file=sys.stderr)
         return _USAGE_ERROR
     if error is not None:
         print(f"horovod-ray run: error: {error}", file=sys.stderr)

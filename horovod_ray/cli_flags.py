@@ -10,14 +10,16 @@
   silently (Gloo is the controller; there is no check to cache), the SSH flags with one
   warning (Ray starts the ranks).
 * ``-H``/``--hosts`` and ``--hostfile`` name Ray nodes (:func:`host_list`).
+* The elastic flags make an elastic job (:func:`elastic_options`).
 * Flags that would mislead are refused before Ray starts: the MPI launch (``--mpi``,
-  ``--jsrun``, ``--mpi-args``, ``--binding-args``) and, for now, the elastic flags.
+  ``--jsrun``, ``--mpi-args``, ``--binding-args``).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -28,26 +30,11 @@ OVERRIDES = "_overrides"
 
 # Flag -> why it is refused; each names what to do instead.
 _NO_MPI = "horovod-ray runs every job with Gloo (Ray starts the ranks); drop it"
-_ELASTIC_LATER = (
-    "not supported yet: elastic jobs run through the library (RayExecutor(min_workers=...)); "
-    "see README, 'Elastic jobs'"
-)
 REFUSED = {
     "--mpi": f"{_NO_MPI}, or use --gloo",
     "--jsrun": _NO_MPI,
     "--mpi-args": "there is no mpirun to pass them to: Ray starts the ranks; drop it",
     "--binding-args": "there is no MPI launcher to bind with: Ray places the ranks; drop it",
-    **dict.fromkeys(
-        (
-            "--host-discovery-script",
-            "--min-np",
-            "--max-np",
-            "--elastic-timeout",
-            "--reset-limit",
-            "--blacklist-cooldown-range",
-        ),
-        _ELASTIC_LATER,
-    ),
 }
 # Flag -> why it is taken and not used (said once, on stderr, when it is given).
 IGNORED = {
@@ -106,6 +93,7 @@ def add_horovod_flags(run: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     horovod.add_argument("--verbose", action="store_true", help="log the job's start and stop")
     add_tuning_flags(run)
+    add_elastic_flags(run)
     add_other_flags(run)
 
 
@@ -187,16 +175,114 @@ def add_other_flags(run: argparse.ArgumentParser) -> None:
     other.add_argument(
         "-hostfile", "--hostfile", metavar="FILE", help="the same, a `HOST slots=N` line each"
     )
-    other.add_argument("--host-discovery-script", help=hidden)
-    other.add_argument("--min-np", "--min-num-proc", dest="min_np", help=hidden)
-    other.add_argument("--max-np", "--max-num-proc", dest="max_np", help=hidden)
-    other.add_argument("--elastic-timeout", help=hidden)
-    other.add_argument("--reset-limit", help=hidden)
-    other.add_argument("--blacklist-cooldown-range", nargs=2, help=hidden)
     other.add_argument(
         "-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
         help="each line starts with the time it arrived, as horovodrun's",
     )  # fmt: skip
+
+
+def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
+    """horovodrun's elastic flags: any of ``--min-np`` and ``--host-discovery-script``
+    makes the job elastic (:func:`elastic_options`)."""
+    elastic = parser.add_argument_group("elastic (as horovodrun's; see README)")
+    elastic.add_argument(
+        "--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+        help="elastic: the fewest ranks to train on (default: -np)",
+    )  # fmt: skip
+    elastic.add_argument(
+        "--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+        help="elastic: the most ranks to grow to (default: as many as fit)",
+    )  # fmt: skip
+    elastic.add_argument(
+        "--host-discovery-script", metavar="SCRIPT",
+        help="elastic: prints HOST[:SLOTS] lines, the Ray nodes (address, host name or "
+        "node id) the job may use; SLOTS defaults to --slots-per-host, else the node's room",
+    )  # fmt: skip
+    elastic.add_argument(
+        "--elastic-timeout", type=int, metavar="S",
+        help="elastic: seconds below --min-np before the job fails "
+        "(default: HOROVOD_ELASTIC_TIMEOUT, else 600)",
+    )  # fmt: skip
+    elastic.add_argument(
+        "--reset-limit", type=int, metavar="N", help="elastic: fail after more resets"
+    )
+    elastic.add_argument(
+        "--blacklist-cooldown-range", type=int, nargs=2, metavar=("LOW", "HIGH"),
+        help="elastic: seconds a failed node is kept out, growing from LOW to HIGH",
+    )  # fmt: skip
+
+
+_ELASTIC_ONLY = ("max_np", "elastic_timeout", "reset_limit", "blacklist_cooldown_range")
+
+
+def elastic_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The elastic flags as ``RayExecutor``'s elastic arguments; None for a static job.
+
+    As horovodrun: ``--min-np`` defaults to ``-np``; the hosts come from the discovery
+    script, else ``-H``/``--hostfile`` (all their slots), else (ours) every Ray node.
+
+    Raises:
+        ValueError: Naming the flag that does not fit.
+    """
+    from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryScript
+
+    if args.min_np is None and args.host_discovery_script is None:
+        for dest in _ELASTIC_ONLY:
+            if getattr(args, dest) is not None:
+                flag = "--" + dest.replace("_", "-")
+                raise ValueError(f"{flag} is for elastic jobs: give --min-np N too")
+        return None
+    if args.num_hosts is not None:
+        raise ValueError("--num-hosts: an elastic job sizes itself; give --min-np/--max-np")
+    min_np = args.min_np if args.min_np is not None else args.num_proc
+    if min_np is None:
+        raise ValueError("--min-np: give the fewest ranks to train on (--min-np N or -np N)")
+    hosts = host_list(argparse.Namespace(**{**vars(args), "num_proc": None}))
+    if args.host_discovery_script is not None:
+        if hosts is not None:
+            raise ValueError("--host-discovery-script and -H/--hostfile: give one of them")
+        discovery: Any = HostDiscoveryScript(args.host_discovery_script, args.slots_per_host)
+    else:
+        discovery = True if hosts is None else FixedHosts(dict(hosts))
+    timeout = args.elastic_timeout
+    if timeout is None:
+        timeout = int(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", "600"))
+    cooldown = args.blacklist_cooldown_range
+    return {
+        "min_workers": min_np,
+        "max_workers": args.max_np,
+        "reset_limit": args.reset_limit,
+        "cooldown_range": None if cooldown is None else tuple(cooldown),
+        "elastic_timeout": timeout,
+        "override_discovery": discovery,
+    }
+
+
+# RayExecutor's parameters as the flags that set them, for its ConfigErrors' messages.
+FLAG_OF = {
+    "num_workers": "-np",
+    "num_hosts": "--num-hosts",
+    "num_workers_per_host": "--slots-per-host",
+    "cpus_per_worker": "--cpus-per-worker",
+    "gpus_per_worker": "--gpus-per-worker",
+    "timeout_s": "--gloo-timeout-seconds",
+    "placement_group_timeout_s": "--start-timeout",
+    "nics": "--network-interfaces",
+    "hosts": "-H/--hosts",
+    "min_workers": "--min-np",
+    "max_workers": "--max-np",
+    "reset_limit": "--reset-limit",
+    "cooldown_range": "--blacklist-cooldown-range",
+    "elastic_timeout": "--elastic-timeout",
+}
+
+
+def as_flag(err: Exception) -> str:
+    """The executor's message, naming the flag instead of the Python parameter."""
+    parameter = getattr(err, "parameter", None)
+    flag = FLAG_OF.get(parameter)
+    message = str(err)
+    return message if flag is None else f"{flag}: {message}"
 
 
 class _Version(argparse.Action):

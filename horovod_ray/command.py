@@ -289,21 +289,27 @@ class Output:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._output_dir = output_dir
         self._timestamps = timestamps
+        self._size = 0
         self._files: dict[tuple[int, str], IO[str]] = {}
 
     def open(self, size: int) -> None:
-        """Creates ``DIR/rank.R/{stdout,stderr}`` for every rank, as horovodrun does."""
-        if self._output_dir is None:
-            return
-        for rank in range(size):
-            folder = Path(self._output_dir, rank_dir_name(rank, size))
-            folder.mkdir(parents=True, exist_ok=True)
-            for stream in self._streams:
-                self._files[rank, stream] = open(folder / stream, "w", encoding="utf-8")
+        """Creates ``DIR/rank.R/{stdout,stderr}`` for every rank, as horovodrun does (an
+        elastic job's ranks past ``size`` get theirs when they first write)."""
+        self._size = size
+        for rank in range(size if self._output_dir is not None else 0):
+            self._open_rank(rank)
+
+    def _open_rank(self, rank: int) -> None:
+        folder = Path(self._output_dir, rank_dir_name(rank, max(self._size, rank + 1)))
+        folder.mkdir(parents=True, exist_ok=True)
+        for stream in self._streams:
+            self._files[rank, stream] = open(folder / stream, "w", encoding="utf-8")
 
     def write(self, rank: int, lines: list[tuple[str, str]]) -> None:
         previous = None
         stamp = time.asctime() if self._timestamps else ""
+        if self._output_dir is not None and (rank, "stdout") not in self._files:
+            self._open_rank(rank)
         for stream, line in lines:
             if previous is not None and stream != previous:
                 # Keep a rank's stdout and stderr in order when both go to one terminal.

@@ -1,5 +1,6 @@
-"""Where an elastic job may run: Ray's node table as horovod's host discovery, and the
-request to Ray's autoscaler for the room the job still lacks."""
+"""Where an elastic job may run: Ray's node table as horovod's host discovery (narrowed,
+if the user gives one, by their own discovery's hosts), and the request to Ray's
+autoscaler for the room the job still lacks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ray
 from horovod.runner.elastic.discovery import HostDiscovery
 
 from horovod_ray.layouts import ElasticLayout
+from horovod_ray.placement import nodes_named
 
 logger = logging.getLogger(__name__)
 
@@ -50,22 +52,73 @@ def addresses_with_room(
     return {n["NodeManagerAddress"] for n in nodes if n["NodeID"] in with_room}
 
 
+def narrow(
+    slots: Mapping[str, int],
+    wanted: Mapping[str, int | None],
+    nodes: Iterable[Mapping[str, Any]],
+    driver_node_id: str,
+) -> tuple[dict[str, int], list[str]]:
+    """Ray's slots per node, narrowed to the hosts a user's discovery named. Pure.
+
+    Args:
+        slots: Node id -> the ranks its room holds (:func:`node_slots`).
+        wanted: Host -> slots (None: as many as there is room for), a host being a
+            node's address, host name or id, or ``localhost`` (the driver's node).
+        nodes: Ray's node table.
+        driver_node_id: The driver's node.
+
+    Returns:
+        Node id -> the fewer of the two counts, for nodes named and with room; and the
+        hosts that name no node (or several), which are left out.
+    """
+    nodes = list(nodes)
+    narrowed, unknown = {}, []
+    for host, count in wanted.items():
+        found = nodes_named(host, nodes, driver_node_id)
+        if len(found) != 1:
+            unknown.append(host)
+            continue
+        room = slots.get(found[0], 0)
+        fits = room if count is None else min(room, count)
+        if fits > 0:
+            narrowed[found[0]] = fits
+    return narrowed, unknown
+
+
 class NodeDiscovery(HostDiscovery):
-    """horovod's host discovery over Ray's node table, read at most every ``interval_s``."""
+    """horovod's host discovery over Ray's node table, read at most every ``interval_s``.
+
+    With ``hosts`` (the user's ``HostDiscovery``, asked as often), only the nodes it names
+    are used, each with at most the slots it gives.
+    """
 
     def __init__(
-        self, per_worker: Mapping[str, float], only_ip: str | None, interval_s: float
+        self,
+        per_worker: Mapping[str, float],
+        only_ip: str | None,
+        interval_s: float,
+        hosts: HostDiscovery | None = None,
     ) -> None:
         super().__init__()
         self._per_worker = dict(per_worker)
         self._only_ip = only_ip
         self._interval_s = interval_s
+        self._hosts = hosts
+        self._driver_node_id = ray.get_runtime_context().get_node_id()
+        self._unknown: set[str] = set()
         self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         read_at, slots = self._last
         if time.monotonic() - read_at >= self._interval_s:
-            slots = node_slots(ray.nodes(), self._per_worker, self._only_ip)
+            nodes = ray.nodes()
+            slots = node_slots(nodes, self._per_worker, self._only_ip)
+            if self._hosts is not None:
+                wanted = self._hosts.find_available_hosts_and_slots()
+                slots, unknown = narrow(slots, wanted, nodes, self._driver_node_id)
+                for host in sorted(set(unknown) - self._unknown):
+                    logger.info("elastic job: discovered host %r is no single Ray node", host)
+                self._unknown.update(unknown)
             self._last = (time.monotonic(), slots)
         return dict(slots)
 

@@ -228,9 +228,8 @@ class ElasticRun:
         # A job whose every node with room is on the driver's machine stays there.
         self._local = bringup.is_local(addresses_with_room(ray.nodes(), per_rank), driver_ip)
         bind = bringup.bind_address(self._local, driver_ip)
-        discovery = NodeDiscovery(
-            per_rank, driver_ip if self._local else None, layout.discovery_interval_s
-        )
+        only_ip = driver_ip if self._local else None
+        discovery = NodeDiscovery(per_rank, only_ip, layout.discovery_interval_s, layout.discovery)
         with self._lock:
             if not self._state.transition([RunState.CREATED], RunState.RUNNING):
                 raise HorovodRayError("the elastic run was ended by stop()")

@@ -74,6 +74,10 @@ class RayExecutor:
             ("10.0.0.2", 2)]``: each host is a Ray node's address or host name (or
             ``"localhost"`` for the driver's node), gets that many ranks, in that order.
             Give it instead of ``num_workers`` and ``num_hosts``.
+        override_discovery: Elastic: True (the default) uses every Ray node with room;
+            a horovod ``HostDiscovery`` (``horovod.runner.elastic.discovery``) uses only
+            the nodes it names (address, host name or node id), with at most the slots
+            it gives each (None: as many as fit), asked as often as Ray's node table.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -98,6 +102,7 @@ class RayExecutor:
         elastic_timeout: float | None = None,
         discovery_interval_s: float | None = None,
         hosts: Sequence[tuple[str, int]] | None = None,
+        override_discovery: Any = True,
     ) -> None:
         # Every argument but settings says what the job is: its layouts check them all.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}

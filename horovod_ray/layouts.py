@@ -8,7 +8,7 @@ Frozen dataclasses that validate in ``__post_init__``, so a bad value raises
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from horovod_ray.errors import ConfigError
 from horovod_ray.settings import is_int, require_positive
@@ -136,6 +136,9 @@ class ElasticLayout:
     cooldown_range: tuple[int, int] | None = None
     elastic_timeout_s: float = 600
     discovery_interval_s: float = 1.0
+    # The user's horovod HostDiscovery, narrowing Ray's nodes (discovery.narrow); None:
+    # every node with room.
+    discovery: Any = None
 
     def __post_init__(self) -> None:
         require_positive("min_workers", self.min_workers, integer=True)
@@ -190,6 +193,7 @@ def job_layouts(
     elastic_timeout: float | None,
     discovery_interval_s: float | None,
     hosts: Sequence[tuple[str, int]] | None,
+    override_discovery: Any = True,
 ) -> tuple[WorkerLayout, ElasticLayout | None]:
     """RayExecutor's arguments as layouts: what each rank reserves, and the elastic
     bounds when ``min_workers`` or ``max_workers`` is given (else None: a static job).
@@ -202,6 +206,7 @@ def job_layouts(
         "cooldown_range": cooldown_range,
         "elastic_timeout": elastic_timeout,
         "discovery_interval_s": discovery_interval_s,
+        "override_discovery": _user_discovery(override_discovery),
     }
     bounds = _elastic_bounds(num_workers, num_hosts, min_workers, max_workers, limits)
     if bounds is not None and hosts is not None:
@@ -256,4 +261,26 @@ def _elastic_bounds(
         cooldown_range=limits["cooldown_range"],
         elastic_timeout_s=600 if timeout is None else timeout,
         discovery_interval_s=1.0 if interval is None else interval,
+        discovery=limits["override_discovery"],
+    )
+
+
+def _user_discovery(override_discovery: Any) -> Any:
+    """upstream's ``override_discovery``: True (the default) lets Ray's node table decide,
+    None here; a horovod ``HostDiscovery`` narrows it to the hosts it names."""
+    if override_discovery is True:
+        return None
+    if callable(getattr(override_discovery, "find_available_hosts_and_slots", None)):
+        return override_discovery
+    if override_discovery is False:
+        why = (
+            "False (horovod.ray then reads settings.discovery, which these settings do not "
+            "carry): pass the discovery itself, override_discovery=MyDiscovery()"
+        )
+    else:
+        why = f"{type(override_discovery).__name__} {override_discovery!r}"
+    raise ConfigError(
+        "override_discovery",
+        f"override_discovery must be True (Ray's nodes) or a horovod HostDiscovery whose "
+        f"hosts are Ray nodes (address, host name or node id), got {why}",
     )

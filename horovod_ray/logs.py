@@ -53,6 +53,11 @@ class LogChannel:
             self._items.append((self._current_call, item))
             self._ready.notify_all()
 
+    def wait_taken(self) -> None:
+        """Waits until the driver has taken every item."""
+        with self._ready:
+            self._ready.wait_for(lambda: not self._items)
+
     def take(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
         with self._ready:
             self._ready.wait_for(
@@ -63,6 +68,7 @@ class LogChannel:
             )
             items = [item for tag, item in self._items if tag == call_id]
             self._items = collections.deque((t, i) for t, i in self._items if t > call_id)
+            self._ready.notify_all()  # for wait_taken
             return items, self._finished_call >= call_id
 
 
@@ -109,6 +115,20 @@ def post(item: object) -> None:
     channel = _channel
     if channel is not None and (not _elastic or _rank_now() == 0):
         channel.put(item)
+
+
+def post_and_wait(item: object) -> None:
+    """Queues ``item`` from any rank of an elastic job (each slot's channel is polled by
+    its own driver thread) and waits until the driver has taken it.
+
+    Raises:
+        RuntimeError: Not in a rank of an elastic job (there is no channel).
+    """
+    channel = _channel
+    if channel is None:
+        raise RuntimeError("post_and_wait() runs only in a rank of an elastic job")
+    channel.put(item)
+    channel.wait_taken()
 
 
 def open_channel(is_log_rank: bool) -> None:

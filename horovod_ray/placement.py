@@ -65,31 +65,36 @@ def plan_new_group(layout: WorkerLayout) -> PlacementPlan:
     )
 
 
+def nodes_named(host: str, nodes: Sequence[Mapping[str, Any]], driver_node_id: str) -> list[str]:
+    """The ids of the alive nodes ``host`` names: by address, host name or node id, or
+    ``localhost`` (also 127.0.0.1) for the driver's node. Pure; ``nodes`` is ``ray.nodes()``."""
+    alive = [node for node in nodes if node.get("Alive")]
+    if host in ("localhost", "127.0.0.1"):
+        return [n["NodeID"] for n in alive if n["NodeID"] == driver_node_id]
+    return [
+        n["NodeID"]
+        for n in alive
+        if host in (n.get("NodeManagerAddress"), n.get("NodeManagerHostname"), n["NodeID"])
+    ]
+
+
 def match_hosts(
     hosts: Sequence[str], nodes: Sequence[Mapping[str, Any]], driver_node_id: str
 ) -> list[str]:
-    """The Ray node each named host is, in order: by address, by host name, or
-    ``localhost`` (also 127.0.0.1) for the driver's node. Pure; ``nodes`` is
-    ``ray.nodes()``.
+    """The Ray node each named host is, in order (see :func:`nodes_named`). Pure.
 
     Raises:
         ConfigError: A host that is no alive node, or several, or a node named twice;
             the message lists the cluster's nodes.
     """
-    alive = [node for node in nodes if node.get("Alive")]
     listing = ", ".join(
-        f"{n['NodeManagerAddress']} ({n.get('NodeManagerHostname', '?')})" for n in alive
+        f"{n['NodeManagerAddress']} ({n.get('NodeManagerHostname', '?')})"
+        for n in nodes
+        if n.get("Alive")
     )
     chosen: list[str] = []
     for host in hosts:
-        if host in ("localhost", "127.0.0.1"):
-            found = [n["NodeID"] for n in alive if n["NodeID"] == driver_node_id]
-        else:
-            found = [
-                n["NodeID"]
-                for n in alive
-                if host in (n.get("NodeManagerAddress"), n.get("NodeManagerHostname"))
-            ]
+        found = nodes_named(host, nodes, driver_node_id)
         if len(found) != 1:
             what = "is no node of this Ray cluster" if not found else "names several nodes"
             raise ConfigError(

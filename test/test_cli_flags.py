@@ -159,3 +159,45 @@ def test_a_hostfile_reads_as_horovodruns(tmp_path):
 def test_a_bad_host_list_is_refused_before_ray_starts(flags, text, capsys):
     assert main(["run", *flags, "python", "train.py"]) == 2
     assert text in capsys.readouterr().err
+
+
+def _elastic(flags: list[str]) -> dict | None:
+    args = build_parser().parse_args(["run", *flags, "python", "train.py"])
+    return cli_flags.elastic_options(args)
+
+
+def test_the_elastic_flags_make_an_elastic_job_as_horovodruns(tmp_path, monkeypatch):
+    from horovod.runner.elastic.discovery import FixedHosts, HostDiscoveryScript
+
+    assert _elastic(["-np", "4"]) is None
+    options = _elastic(
+        ["-np", "4", "--max-np", "8", "--reset-limit", "3", "--blacklist-cooldown-range",
+         "10", "100", "--elastic-timeout", "60", "--min-np", "2"]
+    )  # fmt: skip
+    assert options == {
+        "min_workers": 2, "max_workers": 8, "reset_limit": 3, "cooldown_range": (10, 100),
+        "elastic_timeout": 60, "override_discovery": True,  # every Ray node with room
+    }  # fmt: skip
+    monkeypatch.setenv("HOROVOD_ELASTIC_TIMEOUT", "90")
+    script = _elastic(["-np", "3", "--host-discovery-script", "./hosts.sh"])
+    assert (script["min_workers"], script["elastic_timeout"]) == (3, 90)  # -np, the variable
+    assert isinstance(script["override_discovery"], HostDiscoveryScript)
+    fixed = _elastic(["-np", "2", "--min-np", "1", "-H", "a:2,b:3"])["override_discovery"]
+    assert isinstance(fixed, FixedHosts)  # every slot of the hosts, not cut to -np
+    assert fixed.find_available_hosts_and_slots() == {"a": 2, "b": 3}
+
+
+@pytest.mark.parametrize(
+    "flags, text",
+    [
+        (["-np", "2", "--max-np", "4"], "--max-np is for elastic jobs: give --min-np N too"),
+        (["-np", "2", "--reset-limit", "1"], "--reset-limit is for elastic jobs"),
+        (["--host-discovery-script", "d.sh"], "--min-np: give the fewest ranks"),
+        (["--min-np", "2", "--num-hosts", "2"], "--num-hosts: an elastic job sizes itself"),
+        (["--min-np", "2", "-H", "a:2", "--host-discovery-script", "d.sh"], "give one of them"),
+        (["--min-np", "4", "--max-np", "2"], "--max-np: max_workers=2 is below min_workers=4"),
+    ],
+)
+def test_elastic_flags_that_do_not_fit_exit_2_naming_the_flag(flags, text, capsys):
+    assert main(["run", *flags, "python", "train.py"]) == 2
+    assert text in capsys.readouterr().err

@@ -79,6 +79,16 @@ def test_output_prefixes_lines_and_mirrors_them_to_files(tmp_path):
     assert (tmp_path / "rank.0" / "stdout").read_bytes() == b""
 
 
+def test_output_files_for_a_rank_that_joins_later(tmp_path):
+    """An elastic job's ranks may pass the size its files were opened for."""
+    output = Output(io.StringIO(), io.StringIO(), str(tmp_path))
+    output.open(2)
+    output.write(2, [("stdout", "joined\n")])
+    output.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.0", "rank.1", "rank.2"]
+    assert (tmp_path / "rank.2" / "stdout").read_text() == "[2]<stdout>:joined\n"
+
+
 def test_output_stamps_each_line_as_horovodrun_does(tmp_path):
     out = io.StringIO()
     output = Output(out, io.StringIO(), str(tmp_path), timestamps=True)

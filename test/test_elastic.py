@@ -376,3 +376,47 @@ def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
     _wait_for(lambda: threading.active_count() <= baseline, 30, "no thread left behind")
     assert _autoscaler_request() == []
+
+
+def test_cli_elastic_job_on_discovered_nodes_goes_on_when_one_is_lost(cluster, tmp_path):
+    """horovodrun's elastic command line with the binary renamed: the discovery script
+    names two of the three nodes (by node id), with 2 and 1 slots, so 3 ranks where
+    --max-np allows 4; the 1-slot node is lost mid-run, and the unmodified script goes
+    on at 2 ranks and ends with status 0."""
+    import subprocess
+    import sys
+
+    named = sorted(node.node_id for node in cluster.worker_nodes)[:2]
+    (tmp_path / "hosts").write_text(f"{named[0]}:2\n{named[1]}:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    discover.chmod(0o755)
+    script = Path(__file__).parent / "scripts" / "elastic_horovod.py"
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "horovod_ray", "run", "--address", cluster.address,
+             "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(discover),
+             "--elastic-timeout", "60", "--gloo-timeout-seconds", "30",
+             "--env", "TF_CPP_MIN_LOG_LEVEL=2", sys.executable, str(script), str(tmp_path)],
+            stdout=out, stderr=err,
+        )  # fmt: skip
+    try:
+        running = lambda: process.poll() is None  # noqa: E731
+        _wait_for(lambda: _at(tmp_path, 3, 3)() or not running(), 240, "3 ranks training")
+        assert running(), (tmp_path / "err").read_text()[-3000:]
+        lost = next(node for node in cluster.worker_nodes if node.node_id == named[1])
+        cluster.remove_node(lost)
+        _wait_for(lambda: _at(tmp_path, 1, 2)() or not running(), 120, "training on 2")
+        shrunk_at = _progress(tmp_path)[0]
+        _wait_for(lambda: _at(tmp_path, shrunk_at + 3, 2)() or not running(), 120, "steps")
+        (tmp_path / "finish").touch()
+        assert process.wait(timeout=120) == 0, (tmp_path / "err").read_text()[-3000:]
+    finally:
+        process.kill()
+        cluster.add_node(num_cpus=2)  # three worker nodes again, for what comes next
+    out = (tmp_path / "out").read_text()
+    started_on = set(re.findall(r"<stdout>:started as rank \d+ on (\w+)", out))
+    assert started_on == set(named)  # never the node the script did not name
+    ends = re.findall(r"<stdout>:rank \d+ of (\d+): \d+ steps, in step (\w+), sizes (.*)", out)
+    assert ends == [("2", "True", "[2, 3]")] * 2, out[-3000:]
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")

@@ -6,10 +6,11 @@ import importlib
 
 import pytest
 from horovod.runner.common.util.hosts import SlotInfo
+from horovod.runner.elastic.discovery import FixedHosts
 
 from horovod_ray import RayExecutor
 from horovod_ray._elastic_driver import rank_info
-from horovod_ray.discovery import node_slots
+from horovod_ray.discovery import narrow, node_slots
 from horovod_ray.errors import ConfigError
 from horovod_ray.layouts import ElasticLayout
 from horovod_ray.ranks import RankInfo, membership_change
@@ -136,6 +137,13 @@ def test_run_passes_elastic_limits_to_an_elastic_job(no_ray, name, value, text):
         ({"max_workers": 4}, "min_workers", "max_workers needs min_workers"),
         ({"num_workers": 2, "reset_limit": 3}, "reset_limit", "give min_workers too"),
         ({"num_workers": 2, "elastic_timeout": 9}, "elastic_timeout", "give min_workers too"),
+        ({"min_workers": 1, "override_discovery": False}, "override_discovery", "MyDiscovery()"),
+        ({"min_workers": 1, "override_discovery": {"a": 1}}, "override_discovery", "got dict"),
+        (
+            {"num_workers": 2, "override_discovery": FixedHosts({"a": 1})},
+            "override_discovery",
+            "give min_workers too",
+        ),
     ],
 )
 def test_bad_elastic_arguments_are_refused_at_construction(kwargs, parameter, text):
@@ -151,3 +159,33 @@ def test_elastic_layout_keeps_the_bounds():
     executor = RayExecutor(min_workers=2, max_workers=6)
     assert executor.layout.worker_resources() == {"CPU": 1.0}  # what each rank reserves
     assert executor.elastic.max_workers == 6
+
+
+def test_a_users_discovery_travels_to_the_elastic_layout():
+    hosts = FixedHosts({"10.0.0.2": 2})
+    assert RayExecutor(min_workers=1, override_discovery=hosts).elastic.discovery is hosts
+    assert RayExecutor(min_workers=1).elastic.discovery is None  # Ray's nodes
+
+
+NAMED = [
+    {**_node("head", 4, ip="10.0.0.1"), "NodeManagerHostname": "head-host"},
+    {**_node("n2", 4, ip="10.0.0.2"), "NodeManagerHostname": "worker-2"},
+    {**_node("n3", 4, ip="10.0.0.3"), "NodeManagerHostname": "worker-3"},
+    {**_node("twin-a", 2, ip="10.0.0.9"), "NodeManagerHostname": "twins"},
+    {**_node("twin-b", 2, ip="10.0.0.9"), "NodeManagerHostname": "twins"},
+]
+
+
+@pytest.mark.parametrize(
+    "wanted, narrowed, unknown",
+    [
+        ({"10.0.0.2": 2}, {"n2": 2}, []),  # only what is named, its slots
+        ({"worker-2": 8, "n3": None}, {"n2": 4, "n3": 4}, []),  # at most the room; None: room
+        ({"localhost": 1}, {"head": 1}, []),  # the driver's node
+        ({"10.0.0.7": 2, "twins": 1}, {}, ["10.0.0.7", "twins"]),  # none, or several
+        ({"twin-b": 5, "n2": 0}, {"twin-b": 2}, []),  # a node id; no slots: left out
+    ],
+)
+def test_a_users_discovery_narrows_rays_nodes(wanted, narrowed, unknown):
+    slots = node_slots(NAMED, {"CPU": 1})
+    assert narrow(slots, wanted, NAMED, driver_node_id="head") == (narrowed, unknown)

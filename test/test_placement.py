@@ -29,6 +29,7 @@ NODES = [
         (["localhost", "10.0.0.3"], ["head", "n3"]),  # localhost: the driver's node
         (["127.0.0.1"], ["head"]),
         (["worker-3", "head-host", "10.0.0.2"], ["n3", "head", "n2"]),
+        (["n3", "10.0.0.2"], ["n3", "n2"]),  # a node id names its node too
     ],
 )
 def test_hosts_are_matched_to_nodes_in_the_order_given(hosts, nodes):

@@ -71,8 +71,7 @@ class ElasticJob:
     def start(
         self, extra_env: dict[str, str], executable: bytes | None, check: Callable[[], None]
     ) -> None:
-        """Takes nothing: each run() places its own ranks, with this environment and
-        ``executable_cls``."""
+        """Takes nothing: each run() places its own ranks, with these (env, executable)."""
         self._extra_env, self._executable = extra_env, executable
 
     def started_message(self) -> str | None:
@@ -121,8 +120,10 @@ class ElasticJob:
             with self._lock:
                 self._current = None
 
-    def send(self, call: calls.Call) -> list[ray.ObjectRef]:
-        raise AssertionError("refuse() keeps run_remote off an elastic job")
+    def send(self, call: calls.Call, *more: Any) -> Any:
+        raise AssertionError("refuse() keeps run_remote, stacks() off an elastic job")
+
+    stacks = send
 
     @property
     def ranks(self) -> list[RankInfo]:

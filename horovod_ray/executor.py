@@ -16,18 +16,15 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray import calls, job
-from horovod_ray._stack import require_gloo
 from horovod_ray.errors import (
-    ConfigError,
     ExecutorStateError,
-    HorovodRayError,
     interrupt_in,
     start_error,
 )
 from horovod_ray.layouts import job_layouts
 from horovod_ray.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
 from horovod_ray.ranks import RankInfo
-from horovod_ray.settings import Settings, check_env, create_settings, require_settings
+from horovod_ray.settings import Settings, create_settings, require_settings
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +32,8 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0
 # Longest stop() waits for a cancelled start() to release what it took.
 STOP_CANCEL_S = 30.0
+# Longest stacks() waits for a rank's answer.
+STACKS_TIMEOUT_S = 5.0
 
 
 class RayExecutor:
@@ -142,6 +141,17 @@ class RayExecutor:
         """The placement group the ranks run in."""
         return self._running("placement_group").placement_group
 
+    def stacks(self, timeout_s: float = STACKS_TIMEOUT_S) -> dict[int, str]:
+        """Every rank's Python stacks now (all threads, file:line and function), also
+        while a call runs, which it does not disturb: each rank answers on its control
+        thread.
+
+        Returns:
+            World rank -> its stacks; a rank that does not answer within ``timeout_s``
+            gets a line saying so.
+        """
+        return self._running("stacks").stacks(timeout_s)
+
     def __repr__(self) -> str:
         return f"RayExecutor(state={self.state.value}, layout={self.layout})"
 
@@ -181,7 +191,7 @@ class RayExecutor:
                 f"start() needs a new executor, this one is {self.state.value}; "
                 f"create a new RayExecutor"
             )
-        env, executable = _start_inputs(
+        env, executable = job.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
         kind = self._job
@@ -363,32 +373,3 @@ class RayExecutor:
                     kind.admit()
                 return kind
         raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")
-
-
-def _start_inputs(
-    executable_cls: object,
-    executable_args: Sequence[Any] | None,
-    executable_kwargs: Mapping[str, Any] | None,
-    extra_env_vars: Mapping[str, object] | None,
-) -> tuple[dict[str, str], bytes | None]:
-    """start()'s arguments checked, and what it needs checked before anything is taken:
-    the ranks' extra environment and ``executable_cls`` pickled with its arguments."""
-    if executable_cls is not None and not callable(executable_cls):
-        raise ConfigError(
-            "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
-        )
-    args = calls.as_tuple("executable_args", executable_args)
-    kwargs = calls.as_kwargs("executable_kwargs", executable_kwargs)
-    executable = (
-        None
-        if executable_cls is None
-        else calls.pickle_value("executable_cls", (executable_cls, args, kwargs))
-    )
-    env = check_env(extra_env_vars)
-    require_gloo()
-    if not ray.is_initialized():
-        raise HorovodRayError(
-            "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
-            "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
-        )
-    return env, executable

@@ -15,15 +15,18 @@ failed to ``failures``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import ray
 
+from horovod_ray import calls
+from horovod_ray._stack import require_gloo
 from horovod_ray.calls import Call
 from horovod_ray.elastic import ElasticJob
+from horovod_ray.errors import ConfigError, HorovodRayError
 from horovod_ray.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.ranks import RankInfo
-from horovod_ray.settings import Settings
+from horovod_ray.settings import Settings, check_env
 from horovod_ray.static import StaticJob
 
 
@@ -68,6 +71,9 @@ class JobKind(Protocol):
     def stop(self, grace_s: float) -> None:
         """Releases everything; idempotent, from any thread."""
 
+    def stacks(self, timeout_s: float) -> dict[int, str]:
+        """Every rank's Python stacks, by world rank."""
+
     @property
     def ranks(self) -> list[RankInfo]: ...
 
@@ -83,3 +89,32 @@ def create(settings: Settings, layout: WorkerLayout, elastic: ElasticLayout | No
     if elastic is None:
         return StaticJob(settings, layout)
     return ElasticJob(settings, elastic, layout)
+
+
+def start_inputs(
+    executable_cls: object,
+    executable_args: Sequence[Any] | None,
+    executable_kwargs: Mapping[str, Any] | None,
+    extra_env_vars: Mapping[str, object] | None,
+) -> tuple[dict[str, str], bytes | None]:
+    """start()'s arguments checked, and what it needs checked before anything is taken:
+    the ranks' extra environment and ``executable_cls`` pickled with its arguments."""
+    if executable_cls is not None and not callable(executable_cls):
+        raise ConfigError(
+            "executable_cls", f"executable_cls must be a class, got {executable_cls!r}"
+        )
+    args = calls.as_tuple("executable_args", executable_args)
+    kwargs = calls.as_kwargs("executable_kwargs", executable_kwargs)
+    executable = (
+        None
+        if executable_cls is None
+        else calls.pickle_value("executable_cls", (executable_cls, args, kwargs))
+    )
+    env = check_env(extra_env_vars)
+    require_gloo()
+    if not ray.is_initialized():
+        raise HorovodRayError(
+            "Ray is not initialised: call ray.init() (or ray.init(address=...) for a "
+            "cluster) before RayExecutor.start(); horovod_ray.run() does it for you"
+        )
+    return env, executable

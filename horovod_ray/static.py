@@ -277,6 +277,20 @@ class StaticJob:
             self._dispatcher.completed(call, message)
         return results
 
+    def stacks(self, timeout_s: float) -> dict[int, str]:
+        """Every rank's stacks, asked on the ranks' control threads."""
+        refs = [actor.stacks.remote() for actor in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        texts = {}
+        for rank, ref in enumerate(refs):
+            error = probe.error_of(ref) if ref in ready else None
+            if ref not in ready or error is not None:
+                why = f"failed: {error}" if error else f"did not answer within {timeout_s:g}s"
+                texts[rank] = f"rank {rank} {self.members[rank].node.where} {why}\n"
+            else:
+                texts[rank] = ray.get(ref)
+        return texts
+
     def send(self, call: calls.Call) -> list[ray.ObjectRef]:
         """Starts ``call`` on every rank without waiting; one ref per rank."""
         message = self._dispatcher.message(call)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
+import threading
+import traceback
 from typing import Any, Mapping
 
 import cloudpickle
@@ -104,6 +107,11 @@ class Worker:
         return os.getpid()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def stacks(self) -> str:
+        """This process's Python stacks, every thread but the one answering."""
+        return thread_stacks(skip=threading.get_ident())
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
         """Waits up to ``timeout_s`` for dicts logged during call ``call_id``.
 
@@ -111,6 +119,17 @@ class Worker:
             The dicts queued so far, and whether the call has finished.
         """
         return logs.take(call_id, timeout_s)
+
+
+def thread_stacks(skip: int | None = None) -> str:
+    """Every thread's stack (but ``skip``'s), innermost call last, as tracebacks print."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sorted(sys._current_frames().items()):
+        if ident != skip:
+            stack = "".join(traceback.format_stack(frame))
+            parts.append(f'Thread "{names.get(ident, "?")}" ({ident}):\n{stack}')
+    return "\n".join(parts)
 
 
 # Two control threads: one may sit in a log long-poll while the other answers a ping.

@@ -11,7 +11,7 @@ from horovod.runner.elastic.discovery import FixedHosts
 from horovod_ray import RayExecutor
 from horovod_ray._elastic_driver import rank_info
 from horovod_ray.discovery import narrow, node_slots
-from horovod_ray.errors import ConfigError
+from horovod_ray.errors import ConfigError, ExecutorStateError
 from horovod_ray.layouts import ElasticLayout
 from horovod_ray.ranks import RankInfo, membership_change
 
@@ -81,6 +81,11 @@ def test_run_refuses_sizes_on_an_elastic_job():
         with pytest.raises(ConfigError) as raised:
             horovod_ray.run(print, min_workers=2, **{name: 2})
         assert raised.value.parameter == name
+
+
+def test_an_elastic_job_refuses_stacks_naming_the_reason():
+    with pytest.raises(ExecutorStateError, match="stacks is not available on an elastic job"):
+        RayExecutor(min_workers=2).stacks()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 
@@ -35,6 +36,12 @@ def horovod_identity():
         "node_id": ray.get_runtime_context().get_node_id(),
         "env": {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")},
     }
+
+
+def _waits_for(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.05)  # the line stacks() shows
+    return "went on"
 
 
 @pytest.fixture(scope="class")
@@ -121,6 +128,23 @@ class TestRunningJob:
         results = executor.run(train, args=[str(marker)], callbacks=[on_log])
         assert results[0] is True
         assert seen == [{"step": 1, "rank": 0}, {"step": 2, "rank": 0}]
+
+    def test_stacks_show_every_rank_mid_call_without_disturbing_it(self, executor, tmp_path):
+        go = tmp_path / "go"
+        refs = executor.run_remote(_waits_for, args=(str(go),))
+        deadline = time.monotonic() + 30
+        stacks = executor.stacks()
+        while not all("in _waits_for" in text for text in stacks.values()):
+            assert time.monotonic() < deadline, stacks
+            stacks = executor.stacks()
+        assert sorted(stacks) == [0, 1, 2]
+        for text in stacks.values():
+            # Each rank's waiting line, with its file and line, and the threads' names.
+            assert re.search(rf'File "{re.escape(__file__)}", line \d+, in _waits_for', text)
+            assert "time.sleep(0.05)  # the line stacks() shows" in text
+            assert 'Thread "' in text
+        go.touch()
+        assert ray.get(refs, timeout=30) == ["went on"] * 3  # the call was not disturbed
 
     def test_logs_outside_a_call_with_callbacks_are_dropped(self, executor):
         executor.run(lambda: log({"stale": True}))
@@ -250,6 +274,8 @@ def test_wrong_state_calls_say_what_to_do(ray_4cpu, no_leaks):
     executor = RayExecutor(SETTINGS, num_workers=1)
     with pytest.raises(ExecutorStateError, match=r"call start\(\) first"):
         executor.run(len)
+    with pytest.raises(ExecutorStateError, match=r"stacks needs a running executor"):
+        executor.stacks()
     executor.start()
     with pytest.raises(ExecutorStateError, match="create a new RayExecutor"):
         executor.start()

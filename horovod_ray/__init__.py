@@ -13,6 +13,7 @@ from horovod_ray.errors import (
 )
 from horovod_ray.executor import ExecutorState, RayExecutor
 from horovod_ray.logs import log
+from horovod_ray.restarts import attempt
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
 
@@ -29,6 +30,7 @@ __all__ = [
     "StartCancelledError",
     "WorkerFailedError",
     "__version__",
+    "attempt",
     "log",
     "run",
 ]

@@ -8,10 +8,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
-from horovod_ray import calls, local_ray
+from horovod_ray import calls, local_ray, restarts
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
-from horovod_ray.settings import check_env, create_settings
+from horovod_ray.settings import check_env, create_settings, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def run(
     # Last, so that the parameters before them keep their positions.
     cooldown_range: tuple[int, int] | None = None,
     discovery_interval_s: float | None = None,
+    max_restarts: int = 0,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -69,6 +70,10 @@ def run(
             between the two with each failure (None: a failed node stays out).
         discovery_interval_s: Elastic: how often Ray's node table is read for new room
             (default 1).
+        max_restarts: Static jobs: after a failure (a rank raised or died, a node was
+            lost), stop the job and run it again as a new one, up to this many times,
+            waiting 1 s, then 2 s, 4 s, ... (at most 60 s) before each; ``attempt()``
+            inside ``train_fn`` says which attempt it is, to resume from a checkpoint.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -80,41 +85,67 @@ def run(
         ElasticLimitError: An elastic job stayed below ``min_workers`` too long, or reset
             more than ``reset_limit`` times.
         PlacementTimeoutError: The cluster cannot hold the job.
-        WorkerFailedError: A rank raised or died.
+        WorkerFailedError: A rank raised or died (with ``max_restarts``, in every
+            attempt; the text lists each attempt's cause).
     """
     settings = create_settings(timeout_s=timeout_s, nics=nics)
     elastic = min_workers is not None or max_workers is not None
-    if elastic:
-        for name, value in (("num_hosts", num_hosts), ("num_slots", num_slots)):
-            if value is not None:
-                raise ConfigError(
-                    name,
-                    f"an elastic job (min_workers/max_workers) sizes itself: leave {name} unset",
-                )
-    executor = RayExecutor(
-        settings,
-        num_hosts=None if elastic else 1 if num_hosts is None else num_hosts,
-        num_workers_per_host=1 if num_slots is None else num_slots,
-        cpus_per_worker=cpus_per_slot,
-        use_gpu=use_gpu,
-        min_workers=min_workers,
-        max_workers=max_workers,
-        reset_limit=reset_limit,
-        cooldown_range=cooldown_range,
-        elastic_timeout=elastic_timeout,
-        discovery_interval_s=discovery_interval_s,
-    )
+    _check_sizes(elastic, num_hosts, num_slots, max_restarts)
+
+    def executor() -> RayExecutor:
+        return RayExecutor(
+            settings,
+            num_hosts=None if elastic else 1 if num_hosts is None else num_hosts,
+            num_workers_per_host=1 if num_slots is None else num_slots,
+            cpus_per_worker=cpus_per_slot,
+            use_gpu=use_gpu,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            reset_limit=reset_limit,
+            cooldown_range=cooldown_range,
+            elastic_timeout=elastic_timeout,
+            discovery_interval_s=discovery_interval_s,
+        )
+
+    executor()  # checks the job's arguments
     # Everything the executor would check later is checked now, before Ray starts, and
     # the function and its arguments are pickled once, here.
     call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
-    check_env(env)
+    env = check_env(env)
     callbacks = calls.check_callbacks(callbacks)
     _ensure_ray()
-    try:
-        executor.start(extra_env_vars=env)
-        return executor.run_call(call, callbacks)
-    finally:
-        executor.stop()
+
+    def run_attempt(number: int) -> list[Any]:
+        job = executor()
+        try:
+            job.start(extra_env_vars={**env, restarts.ATTEMPT_ENV: str(number)})
+            return job.run_call(call, callbacks)
+        finally:
+            job.stop()
+
+    return restarts.with_restarts(max_restarts, run_attempt)
+
+
+def _check_sizes(
+    elastic: bool, num_hosts: int | None, num_slots: int | None, max_restarts: object
+) -> None:
+    if not is_int(max_restarts) or max_restarts < 0:
+        raise ConfigError(
+            "max_restarts", f"max_restarts must be an integer >= 0, got {max_restarts!r}"
+        )
+    if not elastic:
+        return
+    for name, value in (("num_hosts", num_hosts), ("num_slots", num_slots)):
+        if value is not None:
+            raise ConfigError(
+                name, f"an elastic job (min_workers/max_workers) sizes itself: leave {name} unset"
+            )
+    if max_restarts:
+        raise ConfigError(
+            "max_restarts",
+            "an elastic job recovers in place (its survivors reset): max_restarts is for "
+            "static jobs; drop it, or give num_hosts/num_slots instead of min_workers",
+        )
 
 
 def _ensure_ray() -> None:

@@ -41,9 +41,10 @@ def _block(marker: str) -> str:
 
 
 def test_readme_has_the_snippets_this_test_runs():
-    assert len(PYTHON) == 6
+    assert len(PYTHON) == 7
     for marker in (
         "horovod_ray.run(allreduce_ranks",
+        "max_restarts=2",
         "RayExecutor(settings",
         "DistributedTrainableCreator(train",
         "min_workers=2, max_workers=4",
@@ -58,6 +59,10 @@ def test_readme_has_the_snippets_this_test_runs():
 def test_quickstart_run_snippet():
     out = _run_python(_block("horovod_ray.run(allreduce_ranks"))
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
+
+
+def test_restarts_snippet():
+    _run_python(_block("max_restarts=2"))  # its assert: every rank ran in attempt 1
 
 
 def test_quickstart_executor_snippet():

@@ -51,6 +51,51 @@ def test_a_failure_still_stops_everything(ray_4cpu, no_leaks):
     assert list(info.value.failures) == [1]
 
 
+def _resumes_from_its_checkpoint(folder: str) -> tuple[int, int]:
+    """Four steps, rank 0 checkpointing each; in the first attempt rank 1 dies after its
+    second step. Returns (the attempt, the step it started from)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    checkpoint = os.path.join(folder, "checkpoint")
+    start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
+    for step in range(start, 4):
+        hvd.allreduce(tf.constant(1.0))
+        if hvd.rank() == 0:
+            with open(checkpoint + ".tmp", "w") as handle:
+                handle.write(str(step + 1))
+            os.replace(checkpoint + ".tmp", checkpoint)
+        if step == 1 and horovod_ray.attempt() == 0 and hvd.rank() == 1:
+            os._exit(3)  # a rank dies mid-run
+    return horovod_ray.attempt(), start
+
+
+def test_a_failed_job_restarts_and_resumes_from_its_checkpoint(ray_4cpu, no_leaks, tmp_path):
+    results = horovod_ray.run(
+        _resumes_from_its_checkpoint, args=(str(tmp_path),), num_slots=2, max_restarts=2
+    )
+    (attempt, start), second = results
+    assert second == (attempt, start) and attempt == 1  # one restart, every rank in it
+    assert start in (1, 2)  # from rank 0's last checkpoint, not from the beginning
+    assert (tmp_path / "checkpoint").read_text() == "4"
+
+
+def test_a_spent_restart_budget_lists_every_attempt(ray_4cpu, no_leaks):
+    def train():
+        if os.environ["HOROVOD_RANK"] == "0":
+            raise ValueError(f"bad batch in attempt {horovod_ray.attempt()}")
+
+    with pytest.raises(WorkerFailedError) as info:
+        horovod_ray.run(train, num_slots=2, max_restarts=1)
+    text = str(info.value)
+    assert text.startswith("the job failed 2 times (max_restarts=1); each attempt:")
+    first, second = text.index("--- attempt 0:"), text.index("--- attempt 1:")
+    assert "bad batch in attempt 0" in text[first:second]
+    assert "bad batch in attempt 1" in text[second:]
+    assert list(info.value.failures) == [0]
+
+
 BAD_RUN_CALLS = [
     ("run('not callable', num_slots=1)", "train_fn"),
     ("run(len, num_slots=0)", "num_workers_per_host"),
@@ -63,6 +108,9 @@ BAD_RUN_CALLS = [
     ("run(len, kwargs=[1])", "kwargs"),
     ("run(len, callbacks=3)", "callbacks"),
     ("run(lambda: lock, num_slots=1)", "train_fn"),
+    ("run(len, max_restarts=-1)", "max_restarts"),
+    ("run(len, max_restarts=1.5)", "max_restarts"),
+    ("run(len, min_workers=2, max_restarts=1)", "max_restarts"),
 ]
 
 

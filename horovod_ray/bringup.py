@@ -24,6 +24,7 @@ from horovod_ray.layouts import WorkerLayout
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, visible_gpus
 from horovod_ray.rendezvous import worker_env
+from horovod_ray.settings import STALL_SHUTDOWN_ENV, STALL_WARNING_ENV, Settings
 from horovod_ray.worker import RemoteWorker
 
 logger = logging.getLogger(__name__)
@@ -84,17 +85,35 @@ def bind_address(local: bool, host_ip: str) -> str:
     return LOOPBACK if local else host_ip
 
 
-def common_env(rendezvous: Any, timeout_s: float, elastic: bool) -> dict[str, str]:
-    """The variables every rank of a job shares: rendezvous, controller, Gloo timeout."""
+def common_env(rendezvous: Any, settings: Settings, elastic: bool) -> dict[str, str]:
+    """The variables every rank of a job shares: rendezvous, controller, Gloo timeout,
+    stall check (:func:`stall_env`)."""
     env = {
         **worker_env(rendezvous),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(timeout_s)),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(settings.timeout_s)),
+        **stall_env(settings.stall_timeout_s),
     }
     if elastic:
         env["HOROVOD_ELASTIC"] = "1"
     return env
+
+
+def stall_env(stall_timeout_s: float) -> dict[str, str]:
+    """horovod's stall inspector set to shut the job down after ``stall_timeout_s``.
+
+    It looks every warning period, so a stall is found within the timeout plus one
+    period: a tenth of the timeout, at least 1 s and at most horovod's own 60 s (whose
+    warnings it then keeps). Nothing for 0 (horovod's defaults: warnings, no shutdown).
+    """
+    if not stall_timeout_s:
+        return {}
+    period = min(60, max(1, math.ceil(stall_timeout_s / 10)))
+    return {
+        STALL_WARNING_ENV: str(period),
+        STALL_SHUTDOWN_ENV: str(max(period, math.ceil(stall_timeout_s))),
+    }
 
 
 def rank_env(

@@ -21,7 +21,7 @@ from horovod_ray.command import CommandJob, Output
 from horovod_ray.command_elastic import run_elastic
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
-from horovod_ray.settings import MANAGED_ENV, create_settings
+from horovod_ray.settings import MANAGED_ENV, STALL_TIMEOUT_S, create_settings
 
 # The shell's convention for "ended by signal N", which horovodrun's users script against.
 _SIGNAL_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -84,6 +84,11 @@ def _add_size_flags(run: argparse.ArgumentParser) -> None:
 
 
 def _add_ray_flags(run: argparse.ArgumentParser) -> None:
+    run.add_argument(
+        "--stall-timeout-seconds", type=float, default=STALL_TIMEOUT_S, metavar="S",
+        help="seconds ranks may wait in a collective another rank never enters before "
+        f"horovod shuts the job down (default {STALL_TIMEOUT_S:g}; 0: off)",
+    )  # fmt: skip
     ray_group = run.add_argument_group("Ray")
     ray_group.add_argument(
         "--address", metavar="ADDR",
@@ -176,6 +181,7 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
             ),
             nics=nics,
             verbose=2 if args.verbose else 1,
+            stall_timeout_s=args.stall_timeout_seconds,
         )
         return RayExecutor(
             settings,

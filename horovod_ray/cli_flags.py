@@ -258,8 +258,7 @@ def elastic_options(args: argparse.Namespace) -> dict[str, Any] | None:
     }
 
 
-# RayExecutor's parameters as the flags that set them, for its ConfigErrors' messages.
-FLAG_OF = {
+FLAG_OF = {  # RayExecutor's parameters as the flags that set them
     "num_workers": "-np",
     "num_hosts": "--num-hosts",
     "num_workers_per_host": "--slots-per-host",
@@ -274,6 +273,7 @@ FLAG_OF = {
     "reset_limit": "--reset-limit",
     "cooldown_range": "--blacklist-cooldown-range",
     "elastic_timeout": "--elastic-timeout",
+    "stall_timeout_s": "--stall-timeout-seconds",
 }
 
 

@@ -33,7 +33,7 @@ from typing import IO, Callable
 import psutil
 import ray
 
-from horovod_ray.settings import MANAGED_ENV
+from horovod_ray.settings import MANAGED_ENV, STALL_SHUTDOWN_ENV, STALL_WARNING_ENV
 
 # Longest one poll waits on a rank for output before it answers with none.
 POLL_S = 0.2
@@ -54,6 +54,8 @@ _FROM_ACTOR = MANAGED_ENV | {"CUDA_VISIBLE_DEVICES"}
 # Set in the child unless ``--env`` names it: the rank's interface wins over the caller's,
 # as horovodrun's command line prefix does.
 _FROM_ACTOR_UNLESS_GIVEN = frozenset({"NCCL_SOCKET_IFNAME"})
+# The job's defaults: the caller's own values and the flags (--stall-check-*) win.
+_DEFAULTS_FROM_ACTOR = frozenset({STALL_WARNING_ENV, STALL_SHUTDOWN_ENV})
 # The caller's variables horovodrun does not pass on either.
 _NOT_PASSED = re.compile(r"BASH_FUNC_.*|OLDPWD|HOROVOD_SECRET_KEY")
 # Runs each command and ends its tree with it; by path, so it imports nothing heavy.
@@ -214,11 +216,12 @@ _process: RankProcess | None = None
 
 def child_env(caller_env: dict[str, str], extra_env: dict[str, str]) -> dict[str, str]:
     """The command's environment: the caller's, then ``--env``, then the rank's own."""
-    env = {
-        key: value
+    env = {key: os.environ[key] for key in _DEFAULTS_FROM_ACTOR if key in os.environ}
+    env.update(
+        (key, value)
         for key, value in caller_env.items()
         if key not in _FROM_ACTOR and not _NOT_PASSED.fullmatch(key)
-    }
+    )
     env.update({key: os.environ[key] for key in _FROM_ACTOR_UNLESS_GIVEN if key in os.environ})
     env.update(extra_env)
     env.update({key: os.environ[key] for key in _FROM_ACTOR if key in os.environ})

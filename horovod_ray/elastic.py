@@ -250,7 +250,7 @@ class ElasticRun:
             )
             store.server = server
             server.start([])
-        self._common_env = bringup.common_env(server, self._settings.timeout_s, elastic=True)
+        self._common_env = bringup.common_env(server, self._settings, elastic=True)
         return driver
 
     def _drive(self, driver: _elastic_driver.Driver, result: dict[str, Any]) -> None:

@@ -88,6 +88,30 @@ class WorkerFailedError(HorovodRayError):
         return (type(self), (self.failures, str(self)))
 
 
+class HangError(WorkerFailedError):
+    """Ranks waited in a collective that others never entered, for ``stall_timeout_s``.
+
+    Attributes:
+        missing: The ranks that never reached it (their stacks are in ``failures``).
+        waiting: The ranks that waited in it.
+        failures: World rank -> where a missing rank was, its Python stacks at that
+            moment, and the collectives it did not reach.
+    """
+
+    def __init__(
+        self,
+        failures: Mapping[int, str],
+        message: str | None = None,
+        missing: tuple[int, ...] = (),
+        waiting: tuple[int, ...] = (),
+    ) -> None:
+        super().__init__(failures, message)
+        self.missing, self.waiting = tuple(missing), tuple(waiting)
+
+    def __reduce__(self):
+        return (type(self), (self.failures, str(self), self.missing, self.waiting))
+
+
 def describe_failures(failures: Mapping[int, str]) -> str:
     """The message of a WorkerFailedError: a heading, then each failed rank's text."""
     ranks = ", ".join(str(rank) for rank in failures)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Mapping
 
 from horovod_ray.errors import (
     ElasticLimitError,
+    HangError,
     HorovodRayError,
     RendezvousError,
     WorkerFailedError,
@@ -47,6 +49,7 @@ class RankView:
         seen: The worst seen of its process, over its call and the pings.
         lost_text: Why it is taken as lost (set when ``seen`` is in LOST).
         joined: Whether it ever joined the rendezvous (None when that is unknown).
+        running: Whether its call was still running when it was looked at.
     """
 
     node_id: str
@@ -55,6 +58,7 @@ class RankView:
     seen: Seen = Seen.ALIVE
     lost_text: str = ""
     joined: bool | None = True
+    running: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +162,83 @@ def error_for(verdict: Verdict, timeout_s: float) -> HorovodRayError:
             f"their peers (not the cause).",
         )
     return WorkerFailedError(verdict.causes)
+
+
+# -------------------------------------------------------------------- a stalled job
+
+# What horovod raises in every pending collective once it shut down (common.h).
+SHUT_DOWN_TEXT = "Horovod has been shut down"
+# One line of the stall inspector's report: a rank ("!": past the shutdown time) and the
+# collectives it has not entered, e.g. "1!: [HorovodAllreduce_Const_0]".
+_MISSING_LINE = re.compile(r"(\d+)(!?): \[(.*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Stall:
+    """Ranks that never reached a collective, and the ranks that waited in it."""
+
+    missing: tuple[int, ...]
+    waiting: tuple[int, ...]
+    collectives: Mapping[int, str] = dataclasses.field(default_factory=dict)
+
+
+def stall_report(text: str) -> dict[int, tuple[bool, str]]:
+    """horovod's last stall report in ``text`` (rank 0's stderr): rank -> (past the
+    shutdown time, the collectives it has not entered); empty without one."""
+    start = text.rfind("Missing ranks:")
+    if start < 0:
+        return {}
+    report = {}
+    for line in text[start:].splitlines()[1:]:
+        found = _MISSING_LINE.fullmatch(line.strip())
+        if found is None:
+            break
+        report[int(found[1])] = (found[2] == "!", found[3])
+    return report
+
+
+def stalled(snapshot: Snapshot, report: Mapping[int, tuple[bool, str]]) -> Stall | None:
+    """Whether horovod shut the job down for a stall, and who stalled.
+
+    It did when every rank that raised, raised horovod's shut-down error, no rank was
+    lost, and live ranks were still in the call. The missing ranks are those the stall
+    report marks past the shutdown time (else every rank it names, else the live ranks
+    still in the call); the others that were in the call waited.
+    """
+    views = snapshot.ranks
+    raised = [r for r, v in enumerate(views) if v.raised]
+    running = [r for r, v in enumerate(views) if v.running and not v.raised]
+    if any(v.seen in LOST for v in views) or not raised or not running:
+        return None
+    if not all(SHUT_DOWN_TEXT in views[r].raised for r in raised):
+        return None
+    past = [r for r, (over, _) in report.items() if over and r < len(views)]
+    missing = tuple(sorted(past or [r for r in report if r < len(views)] or running))
+    waiting = tuple(r for r in range(len(views)) if r not in missing)
+    return Stall(missing, waiting, {r: report[r][1] for r in missing if r in report})
+
+
+def hang_error(
+    stall: Stall, snapshot: Snapshot, stall_timeout_s: float, stacks: Mapping[int, str]
+) -> HangError:
+    """The error a stalled job raises: who was missing, who waited, where the missing
+    ranks were (their stacks), and which collectives they did not reach."""
+    missing, waiting = ", ".join(map(str, stall.missing)), ", ".join(map(str, stall.waiting))
+    failures = {}
+    for rank in stall.missing:
+        collectives = stall.collectives.get(rank)
+        what = f" [{collectives}]" if collectives else ""
+        stack = stacks.get(rank) or "(its stacks could not be read)\n"
+        failures[rank] = (
+            f"never reached the collective{what} the others waited in, "
+            f"{snapshot.ranks[rank].where}; its Python stacks then:\n{stack}"
+        )
+    message = (
+        f"Horovod job hung: rank(s) {missing} did not reach a collective that rank(s) "
+        f"{waiting} waited in for more than stall_timeout_s={stall_timeout_s:g}s; the job "
+        f"was stopped.\n" + "\n".join(f"--- rank {r}: {t}" for r, t in failures.items())
+    )
+    return HangError(failures, message, stall.missing, stall.waiting)
 
 
 # ------------------------------------------------------------------------ elastic jobs

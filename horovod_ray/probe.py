@@ -47,6 +47,23 @@ def error_of(ref: ray.ObjectRef) -> BaseException | None:
     return None
 
 
+def stacks_and_report(
+    workers: Sequence[Any], ranks: Sequence[int], timeout_s: float
+) -> tuple[dict[int, str], str]:
+    """The Python stacks of ``ranks`` now, and rank 0's stderr (where horovod's stall
+    report is); what does not come within ``timeout_s`` is left out."""
+    refs = {rank: workers[rank].stacks.remote() for rank in ranks}
+    report = workers[0].stderr_tail.remote()
+    ray.wait([*refs.values(), report], num_returns=len(refs) + 1, timeout=timeout_s)
+    stacks = {rank: ray.get(ref) for rank, ref in refs.items() if _ready(ref)}
+    return stacks, ray.get(report) if _ready(report) else ""
+
+
+def _ready(ref: ray.ObjectRef) -> bool:
+    ready, _ = ray.wait([ref], timeout=0)
+    return bool(ready) and error_of(ref) is None
+
+
 def _seen_in(err: BaseException | None) -> Seen:
     if isinstance(err, ray.exceptions.ActorUnavailableError):
         return Seen.UNREACHABLE
@@ -94,6 +111,7 @@ def probe(
         time.sleep(LOST_RECHECK_S)
         _ping(workers, wheres, refs, [r for r in range(n) if r not in seen], seen)
 
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
     views = []
     for rank in range(n):
         state, text = seen.get(rank, (Seen.ALIVE, ""))
@@ -106,6 +124,7 @@ def probe(
                 seen=state,
                 lost_text=text,
                 joined=None if joined is None else rank in joined,
+                running=rank < len(refs) and refs[rank] not in done,
             )
         )
     snapshot = Snapshot(tuple(views), {}, elapsed_s, timeout_s)

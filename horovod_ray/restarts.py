@@ -42,7 +42,7 @@ def with_restarts(max_restarts: int, run_attempt: Callable[[int], Any]) -> Any:
 
     Raises:
         WorkerFailedError: Every attempt failed; its text lists each attempt's cause, its
-            ``failures`` are the last attempt's.
+            ``failures`` are the last attempt's (without restarts: the error itself).
     """
     causes: list[WorkerFailedError] = []
     for number in range(max_restarts + 1):
@@ -50,6 +50,8 @@ def with_restarts(max_restarts: int, run_attempt: Callable[[int], Any]) -> Any:
             return run_attempt(number)
         except WorkerFailedError as err:
             causes.append(err)
+            if not max_restarts:
+                raise  # no restarts asked for: the error as it came
             if number == max_restarts:
                 raise spent(causes) from err
             wait_s = backoff_s(number)

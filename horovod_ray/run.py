@@ -11,7 +11,7 @@ import ray
 from horovod_ray import calls, local_ray, restarts
 from horovod_ray.errors import ConfigError
 from horovod_ray.executor import RayExecutor
-from horovod_ray.settings import check_env, create_settings, is_int
+from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def run(
     cooldown_range: tuple[int, int] | None = None,
     discovery_interval_s: float | None = None,
     max_restarts: int = 0,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -74,6 +75,8 @@ def run(
             lost), stop the job and run it again as a new one, up to this many times,
             waiting 1 s, then 2 s, 4 s, ... (at most 60 s) before each; ``attempt()``
             inside ``train_fn`` says which attempt it is, to resume from a checkpoint.
+        stall_timeout_s: Seconds ranks may wait in a collective another rank never
+            enters before the job fails with ``HangError`` (default 600; 0: off).
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -86,9 +89,10 @@ def run(
             more than ``reset_limit`` times.
         PlacementTimeoutError: The cluster cannot hold the job.
         WorkerFailedError: A rank raised or died (with ``max_restarts``, in every
-            attempt; the text lists each attempt's cause).
+            attempt; the text lists each attempt's cause); ``HangError``, a kind of it,
+            when ranks waited on one that never joined their collective.
     """
-    settings = create_settings(timeout_s=timeout_s, nics=nics)
+    settings = create_settings(timeout_s=timeout_s, nics=nics, stall_timeout_s=stall_timeout_s)
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
 

@@ -17,6 +17,13 @@ from horovod_ray.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 _ssh_warned = False
+# Default seconds before a job whose ranks wait on one that never joins their collective
+# fails: Ray Train's worker health check gives up after 600 s too; horovod's stall
+# inspector warns after 60 s and by default never stops (README, "A stuck job").
+STALL_TIMEOUT_S = 600.0
+# horovod's stall inspector: how often it looks (and warns), when it shuts the job down.
+STALL_WARNING_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
+STALL_SHUTDOWN_ENV = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 
 
 def _is_number(value: object) -> bool:
@@ -79,15 +86,25 @@ class Settings:
             start). None picks one per node: loopback when the whole job is on one node,
             else the interface holding the node's Ray address.
         verbose: 0 logs the rank table at DEBUG, 1 at INFO, 2 also logs rendezvous traffic.
+        stall_timeout_s: Seconds ranks may wait in a collective that another rank never
+            enters before the job fails with ``HangError`` (horovod's stall inspector,
+            made to shut the job down); 0 turns it off.
     """
 
     timeout_s: float = 120
     placement_group_timeout_s: float = 100
     nics: tuple[str, ...] | None = None
     verbose: int = 1
+    stall_timeout_s: float = STALL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         require_positive("timeout_s", self.timeout_s)
+        if not _is_number(self.stall_timeout_s) or self.stall_timeout_s < 0:
+            raise ConfigError(
+                "stall_timeout_s",
+                f"stall_timeout_s must be a number of seconds >= 0 (0: no hang detection), "
+                f"got {self.stall_timeout_s!r}",
+            )
         require_positive("placement_group_timeout_s", self.placement_group_timeout_s)
         object.__setattr__(self, "nics", _normalize_nics(self.nics))
         if not is_int(self.verbose) or self.verbose < 0:
@@ -101,6 +118,7 @@ def create_settings(
     verbose: int = 1,
     ssh_identity_file: str | None = None,
     ssh_str: str | None = None,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -122,6 +140,7 @@ def create_settings(
         placement_group_timeout_s=placement_group_timeout_s,
         nics=nics,
         verbose=verbose,
+        stall_timeout_s=stall_timeout_s,
     )
 
 

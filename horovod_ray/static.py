@@ -27,7 +27,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from horovod_ray import bringup, calls, failures, logs, network, placement, probe
-from horovod_ray.errors import PlacementTimeoutError, WorkerFailedError
+from horovod_ray.errors import HangError, PlacementTimeoutError, WorkerFailedError
 from horovod_ray.layouts import WorkerLayout
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, WorkerRecord, assign_ranks
@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
+# After horovod shut a job down, longest wait for the ranks that waited to raise.
+SETTLE_S = 1.0
 
 Rendezvous = RendezvousServer | ClusterRendezvous
 
@@ -206,7 +208,7 @@ class StaticJob:
         else:
             held.rendezvous = RendezvousServer(bind, allowed, settings.verbose)
         held.rendezvous.start([m.rank for m in self.members])
-        common = bringup.common_env(held.rendezvous, settings.timeout_s, elastic=False)
+        common = bringup.common_env(held.rendezvous, settings, elastic=False)
         return [
             bringup.rank_env(m.rank, common, iface, self._extra_env)
             for m, iface in zip(self.members, ifaces, strict=True)
@@ -301,6 +303,7 @@ class StaticJob:
     ) -> None:
         """Works out who caused a failure (see failures.py), releases the job, raises."""
         timeout_s = self._settings.timeout_s
+        shut_down = _settle_if_shut_down(refs)
         snapshot, first = probe.probe(
             self.actors,
             [m.node.where for m in self.members],
@@ -310,12 +313,25 @@ class StaticJob:
             elapsed_s,
             timeout_s,
         )
+        error = self._hang_error(snapshot) if shut_down else None
+        if error is None:
+            error = failures.error_for(failures.attribute(snapshot), timeout_s)
         failing()
         self.stop(grace_s=0)
         for ref in refs:
             # Read every outcome, so Ray does not log the rest as unhandled errors.
             probe.error_of(ref)
-        raise failures.error_for(failures.attribute(snapshot), timeout_s) from first
+        raise error from first
+
+    def _hang_error(self, snapshot: failures.Snapshot) -> HangError | None:
+        """The HangError, if horovod shut the job down for a stall; the missing ranks'
+        stacks are read now, before anything is released."""
+        running = [r for r, view in enumerate(snapshot.ranks) if view.running]
+        stacks, stderr = probe.stacks_and_report(self.actors, running, probe.LIVENESS_TIMEOUT_S)
+        stall = failures.stalled(snapshot, failures.stall_report(stderr))
+        if stall is None:
+            return None
+        return failures.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
 
     # ------------------------------------------------------------------------- stop
 
@@ -326,6 +342,16 @@ class StaticJob:
                 return
             self._released = True
             release(self.held, grace_s)
+
+
+def _settle_if_shut_down(refs: list[ray.ObjectRef]) -> bool:
+    """Whether a rank failed with horovod's shut-down error; if one did, the others that
+    waited raise within moments: waits up to SETTLE_S for them."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    if not any(failures.SHUT_DOWN_TEXT in str(probe.error_of(ref)) for ref in ready):
+        return False
+    ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)
+    return True
 
 
 def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:

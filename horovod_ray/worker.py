@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import stat
 import sys
 import threading
 import traceback
@@ -31,6 +32,8 @@ from horovod_ray.network import (
 )
 
 CONTROL_GROUP = "control"
+# How much of a rank's stderr stderr_tail() reads back.
+STDERR_TAIL = 64 * 1024
 
 
 class Worker:
@@ -110,6 +113,20 @@ class Worker:
     def stacks(self) -> str:
         """This process's Python stacks, every thread but the one answering."""
         return thread_stacks(skip=threading.get_ident())
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def stderr_tail(self, size: int = STDERR_TAIL) -> str:
+        """The last ``size`` bytes this process wrote to stderr, where that is a file (as
+        Ray makes it); "" otherwise. horovod's own warnings and errors go there."""
+        path = f"/proc/{os.getpid()}/fd/2"
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                return ""  # a terminal or a pipe: nothing to read back
+            with open(path, "rb") as stderr:
+                stderr.seek(max(0, os.fstat(stderr.fileno()).st_size - size))
+                return stderr.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from horovod_ray.bringup import NodeGpus, bind_address, is_local, rank_env
+from horovod_ray.bringup import NodeGpus, bind_address, is_local, rank_env, stall_env
 from horovod_ray.ranks import RankInfo
 
 
@@ -95,3 +95,20 @@ def test_a_wait_for_gpus_ends_when_the_slot_is_let_go():
 
     with pytest.raises(RuntimeError, match="let go"):
         gpus.visible("node-a", "s1", 0, 2, timeout_s=30, check=released)
+
+
+@pytest.mark.parametrize(
+    "timeout_s, period, shutdown",
+    [(600, "60", "600"), (3600, "60", "3600"), (30, "3", "30"), (2.5, "1", "3")],
+)
+def test_the_stall_timeout_sets_horovods_stall_inspector(timeout_s, period, shutdown):
+    """It looks once a period (a tenth of the timeout, 1 to 60 s): a stall is found within
+    the timeout plus one period."""
+    assert stall_env(timeout_s) == {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": period,
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": shutdown,
+    }
+
+
+def test_a_stall_timeout_of_0_leaves_horovods_defaults():
+    assert stall_env(0) == {}  # a warning each minute, no shutdown

@@ -170,6 +170,13 @@ def test_each_rank_gets_the_environment_horovodrun_gives(address, tmp_path, flag
         if "--gloo-timeout-seconds" not in flags:
             # Our default (README), where horovodrun sets nothing and Gloo waits 30 s.
             assert ours[rank].pop("HOROVOD_GLOO_TIMEOUT_SECONDS") == "120"
+        for name, default in (
+            ("HOROVOD_STALL_CHECK_TIME_SECONDS", "60"),
+            ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "600"),
+        ):
+            if name not in theirs[rank]:
+                # Our hang detection (--stall-timeout-seconds), where horovodrun only warns.
+                assert ours[rank].pop(name) == default
         assert ours[rank] == theirs[rank]
 
 

@@ -66,6 +66,16 @@ def test_nccls_interface_is_the_ranks_unless_env_names_one(monkeypatch):
     assert child_env(caller, {"NCCL_SOCKET_IFNAME": "ib0"})["NCCL_SOCKET_IFNAME"] == "ib0"
 
 
+def test_the_jobs_stall_timeout_is_a_default_the_caller_and_flags_override(monkeypatch):
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "600")  # the rank's (the job's)
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "60")
+    env = child_env({"HOROVOD_STALL_CHECK_TIME_SECONDS": "5"}, {})
+    assert env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "600"
+    assert env["HOROVOD_STALL_CHECK_TIME_SECONDS"] == "5"  # the caller's own
+    flags = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90"}  # --stall-check-shutdown-time-seconds
+    assert child_env({}, flags)["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] == "90"
+
+
 def test_output_prefixes_lines_and_mirrors_them_to_files(tmp_path):
     out, err = io.StringIO(), io.StringIO()
     output = Output(out, err, str(tmp_path))

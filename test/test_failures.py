@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import pickle
 
 import pytest
 
-from horovod_ray import ElasticLimitError, HorovodRayError, RendezvousError, WorkerFailedError
+from horovod_ray import (
+    ElasticLimitError,
+    HangError,
+    HorovodRayError,
+    RendezvousError,
+    WorkerFailedError,
+)
 from horovod_ray.failures import (
     ElasticEnd,
     RankView,
@@ -16,6 +23,9 @@ from horovod_ray.failures import (
     elastic_error,
     error_for,
     gone_nodes,
+    hang_error,
+    stall_report,
+    stalled,
 )
 
 A, D, U, S = Seen.ALIVE, Seen.DIED, Seen.UNREACHABLE, Seen.SILENT
@@ -177,3 +187,87 @@ def test_the_reset_limit_is_read_from_horovods_own_message():
     assert reset_limit_hit(RESET_LIMIT_EXCEEDED_MESSAGE.format(3))
     assert not reset_limit_hit("Horovod was shutdown: no hosts available")
     assert not reset_limit_hit("")
+
+
+# --------------------------------------------------------------------- a stalled job
+
+SHUT = "UnknownError: Horovod has been shut down. This was caused by an exception ..."
+# What horovod 0.28.1's stall inspector writes on rank 0's stderr (patched: see patches/).
+REPORT = """\
+[2026-12-01 04:30:01.1: W horovod/common/stall_inspector.cc:105] One or more tensors were \
+submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for \
+remainder of ranks for more than 1 seconds. This may indicate ...
+Missing ranks:
+2: [HorovodAllreduce_Const_0]
+[2026-12-01 04:30:04.1: E horovod/common/stall_inspector.cc:105] One or more tensors ...
+Missing ranks:
+1: [HorovodBroadcast_x_0]
+2!: [HorovodAllreduce_Const_0, HorovodAllgather_y_0]
+One or more rank (marked by "!") is stalled for longer than 3 seconds. Will shutdown.
+"""
+
+
+def test_the_stall_report_is_read_from_its_last_occurrence():
+    assert stall_report(REPORT) == {
+        1: (False, "HorovodBroadcast_x_0"),
+        2: (True, "HorovodAllreduce_Const_0, HorovodAllgather_y_0"),
+    }
+    assert stall_report("no report here") == {}
+
+
+def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa"):
+    states = {"a": A, "d": D}
+    return Snapshot(
+        tuple(
+            RankView("n", f"on node n, rank {r}", text, states[seen[r]], running=run)
+            for r, (text, run) in enumerate(zip(raised, running, strict=True))
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "raised, running, seen, report, missing, waiting",
+    [
+        # The report names who was past the shutdown time.
+        ([SHUT, SHUT, None], [False, False, True], "aaa", REPORT, (2,), (0, 1)),
+        # Rank 1 had not raised yet when looked at: the report still says who was missing.
+        ([SHUT, None, None], [False, True, True], "aaa", REPORT, (2,), (0, 1)),
+        # No report (stderr not a file): the live ranks still in the call.
+        ([SHUT, SHUT, None], [False, False, True], "aaa", "", (2,), (0, 1)),
+    ],
+)
+def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
+    raised, running, seen, report, missing, waiting
+):
+    stall = stalled(_stall_views(raised, running, seen), stall_report(report))
+    assert (stall.missing, stall.waiting) == (missing, waiting)
+
+
+@pytest.mark.parametrize(
+    "raised, running, seen",
+    [
+        (["ValueError: bad", None, None], [False, True, True], "aaa"),  # a user's error
+        ([SHUT, "ValueError: bad", None], [False, False, True], "aaa"),  # not all shut down
+        ([SHUT, SHUT, None], [False, False, False], "aad"),  # a rank was lost
+        ([SHUT, SHUT, SHUT], [False, False, False], "aaa"),  # nobody left in the call
+    ],
+)
+def test_other_failures_are_no_stall(raised, running, seen):
+    assert stalled(_stall_views(raised, running, seen), stall_report(REPORT)) is None
+
+
+def test_a_hang_error_names_missing_and_waiting_ranks_with_stacks_and_collectives():
+    views = _stall_views([SHUT, SHUT, None], [False, False, True])
+    stall = stalled(views, stall_report(REPORT))
+    stack = 'Thread "MainThread" (1):\n  File "train.py", line 7, in step\n    time.sleep(60)\n'
+    error = hang_error(stall, views, 3, {2: stack})
+    assert isinstance(error, HangError) and isinstance(error, WorkerFailedError)
+    assert (error.missing, error.waiting, list(error.failures)) == ((2,), (0, 1), [2])
+    text = str(error)
+    assert text.startswith(
+        "Horovod job hung: rank(s) 2 did not reach a collective that rank(s) 0, 1 waited "
+        "in for more than stall_timeout_s=3s; the job was stopped."
+    )
+    assert "[HorovodAllreduce_Const_0, HorovodAllgather_y_0]" in text
+    assert "on node n, rank 2; its Python stacks then:" in text and "time.sleep(60)" in text
+    assert pickle.loads(pickle.dumps(error)).missing == (2,)  # crosses processes intact

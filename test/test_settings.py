@@ -24,6 +24,9 @@ BAD_SETTINGS = [
     ({"nics": {"eth0", "ens5"}}, "nics"),  # a set has no order of preference
     ({"verbose": -1}, "verbose"),
     ({"verbose": "loud"}, "verbose"),
+    ({"stall_timeout_s": -1}, "stall_timeout_s"),
+    ({"stall_timeout_s": None}, "stall_timeout_s"),
+    ({"stall_timeout_s": "60"}, "stall_timeout_s"),
 ]
 
 BAD_LAYOUTS = [

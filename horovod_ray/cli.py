@@ -13,18 +13,17 @@ import os
 import shutil
 import signal
 import sys
-import threading
-from typing import Any, Callable, Sequence
+import time
+from typing import Any, Sequence
 
-from horovod_ray import cli_flags
+from horovod_ray import cli_flags, restarts
+from horovod_ray.cli_signals import SIGNAL_STATUS, Signals
 from horovod_ray.command import CommandJob, Output
 from horovod_ray.command_elastic import run_elastic
-from horovod_ray.errors import ConfigError
+from horovod_ray.errors import ConfigError, WorkerFailedError
 from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import MANAGED_ENV, STALL_TIMEOUT_S, create_settings
 
-# The shell's convention for "ended by signal N", which horovodrun's users script against.
-_SIGNAL_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 _USAGE_ERROR = 2
 
 _DESCRIPTION = """\
@@ -88,6 +87,11 @@ def _add_ray_flags(run: argparse.ArgumentParser) -> None:
         "--stall-timeout-seconds", type=float, default=STALL_TIMEOUT_S, metavar="S",
         help="seconds ranks may wait in a collective another rank never enters before "
         f"horovod shuts the job down (default {STALL_TIMEOUT_S:g}; 0: off)",
+    )  # fmt: skip
+    run.add_argument(
+        "--max-restarts", type=int, default=0, metavar="N",
+        help="after a rank fails, run the job again as a new one, up to N times, waiting "
+        "1 s, 2 s, 4 s, ... (at most 60 s) between; HOROVOD_RAY_ATTEMPT holds the attempt",
     )  # fmt: skip
     ray_group = run.add_argument_group("Ray")
     ray_group.add_argument(
@@ -163,8 +167,12 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         elastic = cli_flags.elastic_options(args)
     except ValueError as err:
         raise _UsageError(str(err)) from None
+    if args.max_restarts < 0:
+        raise _UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if elastic is None:
         _check_static_size(args, hosts)
+    elif args.max_restarts:
+        raise _UsageError("--max-restarts: an elastic job recovers in place; drop one of them")
     nics = None if args.nics is None else [nic for nic in args.nics.split(",") if nic]
     job = elastic or {
         "num_workers": None if hosts else args.num_proc,
@@ -204,40 +212,6 @@ def _check_static_size(args: argparse.Namespace, hosts: list | None) -> None:
         raise _UsageError("give the job's size: -np N, or --num-hosts H [--slots-per-host S]")
     if args.slots_per_host is not None and args.num_hosts is None:
         raise _UsageError("--slots-per-host needs --num-hosts")
-
-
-class _Signals:
-    """Turns the first Ctrl-C or SIGTERM into a request to stop; a second one interrupts.
-
-    While the job starts, the request also calls ``on_signal`` (which stops the executor,
-    so that a start waiting for room gives up at once).
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self.on_signal: Callable[[], None] | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> _Signals:
-        self.install()
-        return self
-
-    def install(self) -> None:
-        """(Re)installs the handlers: ``ray.init`` puts in its own for SIGTERM."""
-        for signum in _SIGNAL_STATUS:
-            previous = signal.signal(signum, self._handle)
-            self._previous.setdefault(signum, previous)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt
-        self.received = signum
-        if self.on_signal is not None:
-            threading.Thread(target=self.on_signal, daemon=True).start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
 
 
 def _ray_address(args: argparse.Namespace) -> str | None:
@@ -293,9 +267,8 @@ def run_command(args: argparse.Namespace) -> int:
         # A rank's text must never fail the run on a terminal that cannot show it.
         stream.reconfigure(errors="backslashreplace")
     starts_local_ray = _ray_address(args) is None
-    job = CommandJob(executor, output, lambda: signals.received)
-    failed = error = None
-    with _Signals() as signals:
+    outcome: dict[str, Any] = {"job": None, "failed": None, "error": None}
+    with Signals() as signals:
         try:
             try:
                 _init_ray(args, executor)
@@ -305,26 +278,54 @@ def run_command(args: argparse.Namespace) -> int:
                     raise
                 signals.received = signal.SIGTERM
             signals.install()
+            run = (command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir))
+            _attempts(args, executor, run, output, signals, outcome)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: the ranks were ended the hard way (see _rank_guard)
+        except Exception as err:  # noqa: BLE001 - one line for the user, not a traceback
+            outcome["error"] = err
+        finally:
+            output.close()
+            if starts_local_ray and ray.is_initialized():
+                local_ray.stop()
+    return _exit_status(signals.received, outcome["error"], outcome["failed"], outcome["job"])
+
+
+def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outcome: dict):
+    """The job, then (``--max-restarts``) a new one after each failure, with a back-off;
+    ``outcome`` holds the last attempt's job, failing rank and error."""
+    for attempt in range(args.max_restarts + 1):
+        if attempt:
+            wait_s = restarts.backoff_s(attempt - 1)
+            print(
+                f"horovod-ray run: attempt {attempt - 1} failed; restarting in {wait_s:g}s "
+                f"({args.max_restarts - attempt + 1} restarts left)",
+                file=sys.stderr,
+            )
+            deadline = time.monotonic() + wait_s
+            while signals.received is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            executor = _build_executor(args)
+        job = outcome["job"] = CommandJob(executor, output, lambda: signals.received)
+        outcome["failed"] = outcome["error"] = None
+        env = {**run[2], restarts.ATTEMPT_ENV: str(attempt)}
+        try:
             if signals.received is None:
                 signals.on_signal = executor.stop  # a start waiting for room gives up
                 executor.start()
                 signals.on_signal = None
-            run = (command, dict(os.environ), extra_env, os.getcwd(), bool(args.working_dir))
             if signals.received is None and executor.elastic is not None:
                 signals.on_signal = executor.stop  # the run ends, and raises
-                run_elastic(executor, output, *run)
+                run_elastic(executor, output, run[0], run[1], env, *run[3:])
             elif signals.received is None:
-                failed = job.run(*run)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: the ranks were ended the hard way (see _rank_guard)
-        except Exception as err:  # noqa: BLE001 - one line for the user, not a traceback
-            error = err
+                outcome["failed"] = job.run(run[0], run[1], env, *run[3:])
+        except WorkerFailedError as err:
+            outcome["error"] = err
         finally:
-            output.close()
             executor.stop()
-            if starts_local_ray and ray.is_initialized():
-                local_ray.stop()
-    return _exit_status(signals.received, error, failed, job)
+        failed = outcome["failed"] is not None or outcome["error"] is not None
+        if signals.received is not None or not failed:
+            return
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, Output]:
@@ -356,7 +357,7 @@ def _exit_status(
     if received is not None:
         name = signal.Signals(received).name
         print(f"horovod-ray run: stopped by {name}", file=sys.stderr)
-        return _SIGNAL_STATUS[received]
+        return SIGNAL_STATUS[received]
     if isinstance(error, ConfigError):
         # Found once Ray was there to ask (a host that is no node): still a bad command line.
         print(f"horovod-ray run: error: {cli_flags.as_flag(error)}", file=sys.stderr)

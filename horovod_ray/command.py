@@ -300,7 +300,8 @@ class Output:
         elastic job's ranks past ``size`` get theirs when they first write)."""
         self._size = size
         for rank in range(size if self._output_dir is not None else 0):
-            self._open_rank(rank)
+            if (rank, "stdout") not in self._files:  # a restarted job writes on
+                self._open_rank(rank)
 
     def _open_rank(self, rank: int) -> None:
         folder = Path(self._output_dir, rank_dir_name(rank, max(self._size, rank + 1)))

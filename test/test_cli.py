@@ -239,6 +239,26 @@ def test_a_command_that_cannot_start_on_its_node_exits_127(address, tmp_path):
     assert re.search(r"rank \d on \S+ \([\d.]+\) exited with status 127", err)
 
 
+def test_a_failed_job_runs_again_with_max_restarts(address, tmp_path):
+    logs = tmp_path / "logs"
+    code, out, err = _run(
+        "-np", "2", "--address", address, "--max-restarts", "2", "--output-filename",
+        str(logs), sys.executable, SCRIPT, "attempt",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "horovod-ray run: attempt 0 failed; restarting in 1s (2 restarts left)" in err
+    assert sorted(line for line in out.splitlines() if "attempt 1" in line) == [
+        "[0]<stdout>:rank 0 in attempt 1",
+        "[1]<stdout>:rank 1 in attempt 1",
+    ]
+    assert "attempt 2" not in out
+    # Each rank's file holds both attempts: a restart writes on.
+    assert (logs / "rank.1" / "stdout").read_text().splitlines() == [
+        "[1]<stdout>:rank 1 in attempt 0",
+        "[1]<stdout>:rank 1 in attempt 1",
+    ]
+
+
 def test_lines_arrive_while_the_rank_runs(address, tmp_path):
     process = _cli("-np", "2", "--address", address, sys.executable, SCRIPT, "live", str(tmp_path))
     ready = {process.stdout.readline() for _ in range(2)}  # before the ranks may go on

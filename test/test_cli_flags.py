@@ -196,6 +196,8 @@ def test_the_elastic_flags_make_an_elastic_job_as_horovodruns(tmp_path, monkeypa
         (["--min-np", "2", "--num-hosts", "2"], "--num-hosts: an elastic job sizes itself"),
         (["--min-np", "2", "-H", "a:2", "--host-discovery-script", "d.sh"], "give one of them"),
         (["--min-np", "4", "--max-np", "2"], "--max-np: max_workers=2 is below min_workers=4"),
+        (["--min-np", "2", "--max-restarts", "1"], "--max-restarts: an elastic job recovers"),
+        (["-np", "2", "--max-restarts", "-1"], "--max-restarts must be >= 0"),
     ],
 )
 def test_elastic_flags_that_do_not_fit_exit_2_naming_the_flag(flags, text, capsys):

@@ -5,6 +5,7 @@ python plain_horovod.py fail RANK CODE   RANK exits CODE, the others wait
 python plain_horovod.py wait             every rank starts a child, then waits
 python plain_horovod.py env              every HOROVOD_* and NCCL_* variable, sorted
 python plain_horovod.py flood MB         MB megabytes of numbered lines, as fast as it can
+python plain_horovod.py attempt          rank 1 exits 3 in the first attempt (HOROVOD_RAY_ATTEMPT)
 """
 
 import os
@@ -89,6 +90,13 @@ def flood(megabytes: int) -> None:
     print(f"actor grew {peak - first} kB", file=sys.stderr)
 
 
+def attempt() -> None:
+    rank, number = os.environ["HOROVOD_RANK"], os.environ.get("HOROVOD_RAY_ATTEMPT")
+    print(f"rank {rank} in attempt {number}", flush=True)
+    if rank == "1" and number == "0":
+        sys.exit(3)
+
+
 def wait() -> None:
     child = subprocess.Popen(["sleep", "120"])
     print(f"pids {os.getpid()} {child.pid}", flush=True)
@@ -107,5 +115,7 @@ if __name__ == "__main__":
         env()
     elif action == "flood":
         flood(int(sys.argv[2]))
+    elif action == "attempt":
+        attempt()
     else:
         wait()

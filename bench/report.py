@@ -15,6 +15,18 @@ def print_table(results: dict) -> None:
     _print_b6(results)
     _print_b8(results)
     _print_b7(results)
+    _print_b9(results)
+
+
+def _print_b9(results: dict) -> None:
+    if "b9_restart_s" in results:
+        print("B9 from a rank's death to the new job's first step")
+        for name, s in results["b9_restart_s"].items():
+            print(_row(name, s, "s"))
+        print(f"  {'restart_ratio_vs_manual':<32} {results['restart_ratio_vs_manual']:.3f}")
+        timeout_s = results["b9_hang_timeout_s"]
+        print(f"B9 hang detected, stall_timeout_s={timeout_s:g}")
+        print(_row("hang_detect_s", results["hang_detect_s"], "s"))
 
 
 def _row(name: str, s: dict, unit: str) -> str:

@@ -11,8 +11,8 @@ writes bench/results/latest.json and PNG plots there. What each figure means:
 docs/benchmarks.rst.
 
 This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
-sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8)
-and ``bench.scale``; what they share is in ``bench.common``; the table and the plots in
+sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
+``bench.b9`` (restarts and hangs) and ``bench.scale``; what they share is in ``bench.common``; the table and the plots in
 ``bench.report``.
 """
 
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import b1, b2, b3, b4, b5, b6, report, scale, scripts
+from bench import b1, b2, b3, b4, b5, b6, b9, report, scale, scripts
 from bench.common import MODES, NUM_CPUS, RESULTS, Mode
 from horovod_ray import local_ray
 
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument(
-        "--only", default="b1,b2,b3,b4,b5,b6,b6e,b7,b8", help="comma-separated subset"
+        "--only", default="b1,b2,b3,b4,b5,b6,b6e,b7,b8,b9", help="comma-separated subset"
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     parser.add_argument(
@@ -122,6 +122,7 @@ def _on_local_ray(
         parts.run("b2", b2.b2, mode)
         parts.run("b4", b4.b4, mode, storage)
         parts.run("sweep", b1.sweep, mode, may_install, sweep_points)
+        parts.run("b9", b9.b9, mode)
     local_ray.stop()
 
 

@@ -86,6 +86,11 @@ def checkpointed_steps(folder: str, pause_s: float) -> int:
     step = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
     step = int(hvd.broadcast(tf.constant(step), root_rank=0).numpy())
     while True:
+        if str(step) == os.environ.get("B9_DIE_AT"):
+            open(os.path.join(folder, "finish"), "w").close()
+            with open(os.path.join(folder, "died"), "w") as handle:
+                handle.write(str(time.time()))
+            os._exit(1)
         hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
         finish = os.path.exists(os.path.join(folder, "finish"))
         finish = int(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
@@ -98,6 +103,30 @@ def checkpointed_steps(folder: str, pause_s: float) -> int:
         if finish:
             return step
         time.sleep(pause_s)
+
+
+def dies_once(folder: str, pause_s: float, die_at: int) -> int:
+    """B9 restart: checkpointed steps; the first time, rank 1 dies before step
+    ``die_at``'s collective, recording when and asking the next job to stop after one
+    step. Returns the step it ended at."""
+    if os.environ.get("HOROVOD_RANK") == "1" and not os.path.exists(f"{folder}/died"):
+        os.environ["B9_DIE_AT"] = str(die_at)
+    return checkpointed_steps(folder, pause_s)
+
+
+def stalls(folder: str) -> None:
+    """B9 hang: rank 1 records the time and never reaches the allreduce rank 0 waits in."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    hvd.allreduce(tf.constant(1.0)).numpy()
+    if hvd.rank() == 1:
+        with open(os.path.join(folder, "stalled"), "w") as handle:
+            handle.write(str(time.time()))
+        time.sleep(3600)
+    hvd.allreduce(tf.constant(1.0)).numpy()
 
 
 def noop(*_args) -> None:

@@ -57,6 +57,9 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b8_ray_start_s",
         "b6_ratio_vs_restart",
         "b6_grow_s",
+        "restart_s",
+        "restart_ratio_vs_manual",
+        "hang_detect_s",
     ):
         numbers = _numbers(figures[key])
         assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key

@@ -12,8 +12,8 @@ docs/benchmarks.rst.
 
 This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
 sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
-``bench.b9`` (restarts and hangs) and ``bench.scale``; what they share is in ``bench.common``; the table and the plots in
-``bench.report``.
+``bench.b9`` (restarts and hangs) and ``bench.scale``; what they share is in
+``bench.common``; the table and the plots in ``bench.report``.
 """
 
 from __future__ import annotations

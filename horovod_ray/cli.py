@@ -297,9 +297,11 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
     for attempt in range(args.max_restarts + 1):
         if attempt:
             wait_s = restarts.backoff_s(attempt - 1)
+            job, failed = outcome["job"], outcome["failed"]
+            cause = outcome["error"] if failed is None else _rank_failure(job, failed)
             print(
-                f"horovod-ray run: attempt {attempt - 1} failed; restarting in {wait_s:g}s "
-                f"({args.max_restarts - attempt + 1} restarts left)",
+                f"horovod-ray run: attempt {attempt - 1} failed ({cause}); restarting in "
+                f"{wait_s:g}s ({args.max_restarts - attempt + 1} restarts left)",
                 file=sys.stderr,
             )
             deadline = time.monotonic() + wait_s
@@ -366,14 +368,17 @@ def _exit_status(
         print(f"horovod-ray run: error: {error}", file=sys.stderr)
         return 1
     if failed is not None:
-        where, done = job.where[failed], job.exits[failed]
-        print(
-            f"horovod-ray run: rank {failed} on {where.hostname} ({where.node_ip}) "
-            f"{done.describe()}; the other ranks were stopped",
-            file=sys.stderr,
-        )
-        return done.status
+        print(f"horovod-ray run: {_rank_failure(job, failed)}", file=sys.stderr)
+        return job.exits[failed].status
     return 0
+
+
+def _rank_failure(job: CommandJob, failed: int) -> str:
+    where, done = job.where[failed], job.exits[failed]
+    return (
+        f"rank {failed} on {where.hostname} ({where.node_ip}) {done.describe()}; the other "
+        f"ranks were stopped"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

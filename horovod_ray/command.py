@@ -41,10 +41,9 @@ POLL_S = 0.2
 END_GRACE_S = 3.0
 # More time the guard gets to report its exit before it is killed with its tree.
 GUARD_EXTRA_S = 2.0
-# Most characters of output a rank holds for the driver: once that much waits, the rank
-# stops reading its command's pipes, so a command that prints faster than the driver
-# takes its lines blocks in its writes (as it would under horovodrun), and the actor's
-# and the driver's memory stay bounded (the driver holds at most one poll's worth a rank).
+# Most characters of output a rank holds for the driver: past that it stops reading the
+# pipes, so a command that prints faster than the driver reads blocks in its writes (as
+# under horovodrun), and the actor and the driver (one poll's worth a rank) stay bounded.
 MAX_QUEUED_CHARS = 1 << 20
 # After the command exits, how long its output may stay open (a background child holding
 # the pipe) before the exit is reported anyway.
@@ -181,10 +180,11 @@ class RankProcess:
             self._ready.notify_all()  # readers waiting for room go on
             return lines, self._exit if self._finished() else None
 
-    def end(self, grace_s: float) -> None:
+    def end(self, grace_s: float, wait: bool = True) -> None:
         """Ends the command's whole tree: the guard gets SIGTERM and ends it (SIGTERM, then
         SIGKILL after its grace period); a guard that does not exit in time is killed with
-        everything below it."""
+        everything below it. Without ``wait``, that watch runs in a thread, so that polls
+        go on draining the command's output meanwhile."""
         with self._ready:
             if self._exit is not None:
                 return
@@ -193,6 +193,13 @@ class RankProcess:
                 self._process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 return
+        if wait:
+            self._kill_if_alive(tree, grace_s)
+        else:
+            threading.Thread(target=self._kill_if_alive, args=(tree, grace_s), daemon=True).start()
+
+    def _kill_if_alive(self, tree: list[psutil.Process], grace_s: float) -> None:
+        with self._ready:
             if self._ready.wait_for(lambda: self._exit is not None, grace_s + GUARD_EXTRA_S):
                 return
         for process in tree:
@@ -262,9 +269,9 @@ def poll_on_rank(timeout_s: float) -> tuple[list[tuple[str, str]], Exit | None]:
 
 
 def end_on_rank(grace_s: float) -> None:
-    """Ends this rank's command and everything it started."""
+    """Starts ending this rank's command and everything it started (returns at once)."""
     if _process is not None:
-        _process.end(grace_s)
+        _process.end(grace_s, wait=False)
 
 
 # --------------------------------------------------------------------------- driver

@@ -4,8 +4,9 @@
 Each slot that horovod's elastic driver starts runs :func:`run_in_slot` in its actor: the
 command starts as a static rank's does (``command.start_on_rank``, under the same guard),
 and its lines go to the driver through the slot's log channel, which the slot's own
-driver thread polls. The slot waits until each batch is taken, so a rank's output stays
-bounded as in a static job. A command that exits non-zero fails its slot: horovod's
+driver thread polls. The slot waits until each batch is taken, so a rank holds one batch
+at most (the driver, unlike a static job's, queues what every slot sent while its own
+output is blocked). A command that exits non-zero fails its slot: horovod's
 driver then leaves that node out for a while and the survivors reset
 (``hvd.elastic.run``), as under horovodrun; a slot the driver lets go is killed, and its
 guard ends the command's tree.
@@ -52,6 +53,9 @@ def run_in_slot(
         if lines:
             logs.post_and_wait({"event": OUTPUT_EVENT, "rank": rank, "lines": lines})
         if done is not None:
+            # The driver asks for the next batch only once it has written the last one:
+            # this empty one taken, every line is out, also when the slot now fails.
+            logs.post_and_wait({"event": OUTPUT_EVENT, "rank": rank, "lines": []})
             if done.returncode:
                 raise CommandFailedError(f"{argv[0]} {done.describe()}")
             return 0

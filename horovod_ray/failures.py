@@ -201,18 +201,19 @@ def stalled(snapshot: Snapshot, report: Mapping[int, tuple[bool, str]]) -> Stall
     """Whether horovod shut the job down for a stall, and who stalled.
 
     It did when every rank that raised, raised horovod's shut-down error, no rank was
-    lost, and live ranks were still in the call. The missing ranks are those the stall
-    report marks past the shutdown time (else every rank it names, else the live ranks
-    still in the call); the others that were in the call waited.
+    lost, and the stall report names ranks past the shutdown time (a rank waiting in
+    another collective raises too) or live ranks were still in the call. The missing
+    ranks are those the report marks past the shutdown time (else every rank it names,
+    else the live ranks still in the call); the others waited.
     """
     views = snapshot.ranks
     raised = [r for r, v in enumerate(views) if v.raised]
     running = [r for r, v in enumerate(views) if v.running and not v.raised]
-    if any(v.seen in LOST for v in views) or not raised or not running:
+    past = [r for r, (over, _) in report.items() if over and r < len(views)]
+    if any(v.seen in LOST for v in views) or not raised or not (running or past):
         return None
     if not all(SHUT_DOWN_TEXT in views[r].raised for r in raised):
         return None
-    past = [r for r, (over, _) in report.items() if over and r < len(views)]
     missing = tuple(sorted(past or [r for r in report if r < len(views)] or running))
     waiting = tuple(r for r in range(len(views)) if r not in missing)
     return Stall(missing, waiting, {r: report[r][1] for r in missing if r in report})
@@ -228,15 +229,19 @@ def hang_error(
     for rank in stall.missing:
         collectives = stall.collectives.get(rank)
         what = f" [{collectives}]" if collectives else ""
-        stack = stacks.get(rank) or "(its stacks could not be read)\n"
+        stack = stacks.get(rank) or "(not read: it was not in the call any more)\n"
         failures[rank] = (
             f"never reached the collective{what} the others waited in, "
             f"{snapshot.ranks[rank].where}; its Python stacks then:\n{stack}"
         )
+    if stall.waiting:
+        what = f"did not reach a collective that rank(s) {waiting} waited in"
+    else:  # each waited in a collective another never entered
+        what = "waited in different collectives, each missing from the others'"
     message = (
-        f"Horovod job hung: rank(s) {missing} did not reach a collective that rank(s) "
-        f"{waiting} waited in for more than stall_timeout_s={stall_timeout_s:g}s; the job "
-        f"was stopped.\n" + "\n".join(f"--- rank {r}: {t}" for r, t in failures.items())
+        f"Horovod job hung: rank(s) {missing} {what} for more than "
+        f"stall_timeout_s={stall_timeout_s:g}s; the job was stopped.\n"
+        + "\n".join(f"--- rank {r}: {t}" for r, t in failures.items())
     )
     return HangError(failures, message, stall.missing, stall.waiting)
 

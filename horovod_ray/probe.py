@@ -47,16 +47,25 @@ def error_of(ref: ray.ObjectRef) -> BaseException | None:
     return None
 
 
+def stacks(workers: Sequence[Any], ranks: Sequence[int], timeout_s: float) -> dict[int, str | None]:
+    """The Python stacks of ``ranks`` now, asked on their control threads; None for a rank
+    that gave none within ``timeout_s``."""
+    refs = {rank: workers[rank].stacks.remote() for rank in ranks}
+    ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    return {rank: ray.get(ref) if _ready(ref) else None for rank, ref in refs.items()}
+
+
 def stacks_and_report(
     workers: Sequence[Any], ranks: Sequence[int], timeout_s: float
 ) -> tuple[dict[int, str], str]:
-    """The Python stacks of ``ranks`` now, and rank 0's stderr (where horovod's stall
-    report is); what does not come within ``timeout_s`` is left out."""
-    refs = {rank: workers[rank].stacks.remote() for rank in ranks}
+    """The stacks of ``ranks`` that came, and rank 0's stderr (where horovod's stall
+    report is; "" if it did not come within ``timeout_s``)."""
     report = workers[0].stderr_tail.remote()
-    ray.wait([*refs.values(), report], num_returns=len(refs) + 1, timeout=timeout_s)
-    stacks = {rank: ray.get(ref) for rank, ref in refs.items() if _ready(ref)}
-    return stacks, ray.get(report) if _ready(report) else ""
+    texts = stacks(workers, ranks, timeout_s)
+    ray.wait([report], timeout=timeout_s)
+    return {r: t for r, t in texts.items() if t is not None}, (
+        ray.get(report) if _ready(report) else ""
+    )
 
 
 def _ready(ref: ray.ObjectRef) -> bool:

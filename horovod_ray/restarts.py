@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Callable
 
-from horovod_ray.errors import WorkerFailedError
+from horovod_ray.errors import HangError, WorkerFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -70,4 +70,7 @@ def spent(causes: list[WorkerFailedError]) -> WorkerFailedError:
         f"the job failed {len(causes)} times (max_restarts={len(causes) - 1}); "
         f"each attempt:\n{attempts}"
     )
-    return WorkerFailedError(causes[-1].failures, message)
+    last = causes[-1]
+    if isinstance(last, HangError):  # what the last attempt was stays visible
+        return HangError(last.failures, message, last.missing, last.waiting)
+    return WorkerFailedError(last.failures, message)

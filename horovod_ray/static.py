@@ -38,8 +38,10 @@ logger = logging.getLogger(__name__)
 
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
-# After horovod shut a job down, longest wait for the ranks that waited to raise.
+# After horovod shut a job down, longest wait for the ranks that waited to raise; the
+# wait ends once none has for SETTLE_QUIET_S.
 SETTLE_S = 1.0
+SETTLE_QUIET_S = 0.1
 
 Rendezvous = RendezvousServer | ClusterRendezvous
 
@@ -281,17 +283,12 @@ class StaticJob:
 
     def stacks(self, timeout_s: float) -> dict[int, str]:
         """Every rank's stacks, asked on the ranks' control threads."""
-        refs = [actor.stacks.remote() for actor in self.actors]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        texts = {}
-        for rank, ref in enumerate(refs):
-            error = probe.error_of(ref) if ref in ready else None
-            if ref not in ready or error is not None:
-                why = f"failed: {error}" if error else f"did not answer within {timeout_s:g}s"
-                texts[rank] = f"rank {rank} {self.members[rank].node.where} {why}\n"
-            else:
-                texts[rank] = ray.get(ref)
-        return texts
+        texts = probe.stacks(self.actors, range(len(self.members)), timeout_s)
+        return {
+            rank: text
+            or f"rank {rank} {self.members[rank].node.where} gave no stacks within {timeout_s:g}s\n"
+            for rank, text in texts.items()
+        }
 
     def send(self, call: calls.Call) -> list[ray.ObjectRef]:
         """Starts ``call`` on every rank without waiting; one ref per rank."""
@@ -350,7 +347,12 @@ def _settle_if_shut_down(refs: list[ray.ObjectRef]) -> bool:
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
     if not any(failures.SHUT_DOWN_TEXT in str(probe.error_of(ref)) for ref in ready):
         return False
-    ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:  # until no more rank raises for a moment
+        now, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_QUIET_S)
+        if len(now) == len(ready):
+            break
+        ready = now
     return True
 
 

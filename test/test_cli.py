@@ -119,16 +119,16 @@ def test_same_lines_as_horovodrun(tmp_path):
 
 # What may differ between the two launchers' ranks: the rendezvous server's address (ours
 # carries the job's secret), the node's name (horovodrun's -H name, here the Ray node id),
-# and ours alone, the one-round-trip rendezvous (README, "Scale").
+# and ours alone: the one-round-trip rendezvous (README, "Scale") and the attempt
+# (--max-restarts).
 LAUNCHER_OWN = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME")
-OURS_ONLY = ("HOROVOD_GLOO_RENDEZVOUS_BATCH",)
+OURS_ONLY = ("HOROVOD_GLOO_RENDEZVOUS_BATCH", "HOROVOD_RAY_ATTEMPT")
 PARITY = [
-    [],
     ["-H", "localhost:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
      "--cache-capacity", "512", "--hierarchical-allreduce", "--no-stall-check",
-     "--log-level", "DEBUG", "--log-without-timestamp"],
-    ["--network-interfaces", "lo", "--gloo-timeout-seconds", "45", "--timeline-filename",
-     "timeline.json", "--timeline-mark-cycles", "--autotune", "--autotune-log-file", "at.csv"],
+     "--log-level", "DEBUG", "--log-without-timestamp", "--network-interfaces", "lo",
+     "--gloo-timeout-seconds", "45", "--timeline-filename", "timeline.json",
+     "--timeline-mark-cycles", "--autotune", "--autotune-log-file", "at.csv"],
     ["--config-file", "horovod.yaml", "--cycle-time-ms", "7", "--prefix-output-with-timestamp"],
 ]  # fmt: skip
 # horovodrun's --prefix-output-with-timestamp: time.asctime() before each line's prefix.
@@ -246,7 +246,11 @@ def test_a_failed_job_runs_again_with_max_restarts(address, tmp_path):
         str(logs), sys.executable, SCRIPT, "attempt",
     )  # fmt: skip
     assert code == 0, err[-3000:]
-    assert "horovod-ray run: attempt 0 failed; restarting in 1s (2 restarts left)" in err
+    assert re.search(
+        r"horovod-ray run: attempt 0 failed \(rank 1 on \S+ \([\d.]+\) exited with status 3; "
+        r"the other ranks were stopped\); restarting in 1s \(2 restarts left\)",
+        err,
+    ), err[-2000:]
     assert sorted(line for line in out.splitlines() if "attempt 1" in line) == [
         "[0]<stdout>:rank 0 in attempt 1",
         "[1]<stdout>:rank 1 in attempt 1",

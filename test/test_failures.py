@@ -234,6 +234,8 @@ def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa
         ([SHUT, None, None], [False, True, True], "aaa", REPORT, (2,), (0, 1)),
         # No report (stderr not a file): the live ranks still in the call.
         ([SHUT, SHUT, None], [False, False, True], "aaa", "", (2,), (0, 1)),
+        # Rank 2 waited in another collective than the others: every rank raised.
+        ([SHUT, SHUT, SHUT], [False, False, False], "aaa", REPORT, (2,), (0, 1)),
     ],
 )
 def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
@@ -249,11 +251,15 @@ def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
         (["ValueError: bad", None, None], [False, True, True], "aaa"),  # a user's error
         ([SHUT, "ValueError: bad", None], [False, False, True], "aaa"),  # not all shut down
         ([SHUT, SHUT, None], [False, False, False], "aad"),  # a rank was lost
-        ([SHUT, SHUT, SHUT], [False, False, False], "aaa"),  # nobody left in the call
     ],
 )
 def test_other_failures_are_no_stall(raised, running, seen):
     assert stalled(_stall_views(raised, running, seen), stall_report(REPORT)) is None
+
+
+def test_a_shut_down_without_a_report_or_a_rank_in_the_call_is_no_stall():
+    """horovod shut down for another reason (a rank ended early) leaves no report."""
+    assert stalled(_stall_views([SHUT, SHUT, SHUT], [False] * 3), {}) is None
 
 
 def test_a_hang_error_names_missing_and_waiting_ranks_with_stacks_and_collectives():
@@ -271,3 +277,14 @@ def test_a_hang_error_names_missing_and_waiting_ranks_with_stacks_and_collective
     assert "[HorovodAllreduce_Const_0, HorovodAllgather_y_0]" in text
     assert "on node n, rank 2; its Python stacks then:" in text and "time.sleep(60)" in text
     assert pickle.loads(pickle.dumps(error)).missing == (2,)  # crosses processes intact
+
+
+def test_ranks_that_each_miss_the_others_collective_are_named_so():
+    views = _stall_views([SHUT, SHUT], [False, False], "aa")
+    report = stall_report("Missing ranks:\n0!: [HorovodBroadcast_0]\n1!: [HorovodAllreduce]\n")
+    error = hang_error(stalled(views, report), views, 2, {})
+    assert (error.missing, error.waiting) == ((0, 1), ())
+    assert "rank(s) 0, 1 waited in different collectives, each missing from the others'" in str(
+        error
+    )
+    assert "not read: it was not in the call any more" in error.failures[0]

@@ -53,3 +53,25 @@ def test_a_rank_that_never_joins_a_collective_is_named_with_its_stack(ray_4cpu, 
 def test_run_names_the_hang_too(ray_4cpu, no_leaks):
     with pytest.raises(HangError, match=r"rank\(s\) 0 did not reach"):
         horovod_ray.run(_one_rank_sleeps, args=(0,), num_slots=2, stall_timeout_s=2)
+
+
+def _mismatched() -> None:
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    if hvd.rank() == 0:
+        hvd.allreduce(tf.constant(1.0))
+    else:
+        hvd.broadcast(tf.constant(1.0), root_rank=0)
+
+
+def test_ranks_in_different_collectives_are_named_too(ray_4cpu, no_leaks):
+    """Each rank waits in a collective the other never enters: every rank raises."""
+    with pytest.raises(HangError) as info:
+        horovod_ray.run(_mismatched, num_slots=2, stall_timeout_s=2)
+    assert (info.value.missing, info.value.waiting) == ((0, 1), ())
+    text = str(info.value)
+    assert "rank(s) 0, 1 waited in different collectives" in text
+    assert re.search(r"rank 0: never reached the collective \[\w*Broadcast\w*\]", text), text
+    assert re.search(r"rank 1: never reached the collective \[\w*Allreduce\w*\]", text), text

@@ -45,22 +45,23 @@ def with_restarts(max_restarts: int, run_attempt: Callable[[int], Any]) -> Any:
             ``failures`` are the last attempt's (without restarts: the error itself).
     """
     causes: list[WorkerFailedError] = []
-    for number in range(max_restarts + 1):
+    for number in range(max_restarts):
         try:
             return run_attempt(number)
         except WorkerFailedError as err:
             causes.append(err)
-            if not max_restarts:
-                raise  # no restarts asked for: the error as it came
-            if number == max_restarts:
-                raise spent(causes) from err
             wait_s = backoff_s(number)
             logger.warning(
                 "attempt %d of the job failed; restarting in %gs (%d restarts left): %s",
                 number, wait_s, max_restarts - number, err,
             )  # fmt: skip
             time.sleep(wait_s)
-    raise AssertionError("unreachable")
+    try:
+        return run_attempt(max_restarts)
+    except WorkerFailedError as err:
+        if not causes:
+            raise  # no restarts asked for: the error as it came
+        raise spent([*causes, err]) from err
 
 
 def spent(causes: list[WorkerFailedError]) -> WorkerFailedError:

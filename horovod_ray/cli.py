@@ -25,13 +25,15 @@ from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import MANAGED_ENV, STALL_TIMEOUT_S, create_settings
 
 _USAGE_ERROR = 2
+_NO_ELASTIC_STACKS = "horovod-ray run: SIGUSR1 shows the stacks of static jobs only"
 
 _DESCRIPTION = """\
 Runs COMMAND as a Horovod job on Ray: one process per rank, each started by a Ray actor
 with the rank's Horovod environment, so a script written for horovodrun runs unchanged.
 Every line each rank writes is relayed with horovodrun's prefix ([RANK]<stdout>: or
 [RANK]<stderr>:). The exit status is 0 when every rank exits 0, else the first failing
-rank's status; Ctrl-C (130) or SIGTERM (143) ends every rank first.
+rank's status; Ctrl-C (130) or SIGTERM (143) ends every rank first. SIGUSR1 prints
+every rank's Python stacks to stderr (read with py-spy), and the run goes on.
 
 Without --address (and without RAY_ADDRESS), a local Ray is started for the run, with at
 least as many CPUs as the job asks for, and stopped at the end.
@@ -308,7 +310,7 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
             while signals.received is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             executor = _build_executor(args)
-        job = outcome["job"] = CommandJob(executor, output, lambda: signals.received)
+        job = outcome["job"] = CommandJob(executor, output, signals.after_poll(executor))
         outcome["failed"] = outcome["error"] = None
         env = {**run[2], restarts.ATTEMPT_ENV: str(attempt)}
         try:
@@ -318,6 +320,7 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
                 signals.on_signal = None
             if signals.received is None and executor.elastic is not None:
                 signals.on_signal = executor.stop  # the run ends, and raises
+                signals.no_stacks_note = _NO_ELASTIC_STACKS
                 run_elastic(executor, output, run[0], run[1], env, *run[3:])
             elif signals.received is None:
                 outcome["failed"] = job.run(run[0], run[1], env, *run[3:])

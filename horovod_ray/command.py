@@ -1,16 +1,15 @@
 """A command, not a Python function, on every rank: both halves of ``horovod-ray run``.
 
-On the rank, :func:`start_on_rank` runs the command under a small guard process
+On the rank, :func:`start_on_rank` runs the command under a guard process
 (``_rank_guard.py``) as a child of the rank's actor, with the rank's Horovod environment,
 so that ``hvd.init()`` in an unmodified script joins the job; :func:`poll_on_rank` hands
-back its output lines as they come and its exit, and :func:`end_on_rank` ends its whole
-process tree. The guard adopts every process the command starts and ends them all when the
-command exits, when asked to, or when the actor dies (the kernel's parent-death signal),
-so no rank process outlives its rank.
+back its output lines and its exit, and :func:`end_on_rank` ends its process tree. The
+guard adopts every process the command starts and ends them all when the command exits,
+when asked to, or when the actor dies, so no rank process outlives its rank.
 
-On the driver, :class:`CommandJob` runs those three through a :class:`RayExecutor` (every
-round trip is a short ``run()``, so failures keep the executor's attribution) and writes
-every line with horovodrun's prefix, ``[RANK]<stdout>:`` or ``[RANK]<stderr>:``.
+On the driver, :class:`CommandJob` runs those through a :class:`RayExecutor` (each round
+trip a short ``run()``, so failures keep the executor's attribution) and writes every
+line with horovodrun's prefix, ``[RANK]<stdout>:`` or ``[RANK]<stderr>:``.
 """
 
 from __future__ import annotations
@@ -268,6 +267,11 @@ def poll_on_rank(timeout_s: float) -> tuple[list[tuple[str, str]], Exit | None]:
     return _process.poll(timeout_s)
 
 
+def command_pid() -> int | None:
+    """The pid of this rank's guard, the command's parent; None before the command."""
+    return None if _process is None else _process.pid
+
+
 def end_on_rank(grace_s: float) -> None:
     """Starts ending this rank's command and everything it started (returns at once)."""
     if _process is not None:
@@ -290,11 +294,7 @@ class Output:
     """
 
     def __init__(
-        self,
-        stdout: IO[str],
-        stderr: IO[str],
-        output_dir: str | None,
-        timestamps: bool = False,
+        self, stdout: IO[str], stderr: IO[str], output_dir: str | None, timestamps: bool = False
     ) -> None:
         self._streams = {"stdout": stdout, "stderr": stderr}
         self._output_dir = output_dir
@@ -352,14 +352,14 @@ class CommandJob:
     Args:
         executor: A started :class:`RayExecutor`.
         output: Where the ranks' lines go.
-        interrupted: Returns the signal number once the user asked to stop (Ctrl-C,
-            SIGTERM), else None; checked after every poll.
+        after_poll: Called after every poll (the CLI answers SIGUSR1 there); returns
+            the signal number once the user asked to stop (Ctrl-C, SIGTERM), else None.
     """
 
-    def __init__(self, executor, output: Output, interrupted: Callable[[], int | None]):
+    def __init__(self, executor, output: Output, after_poll: Callable[[], int | None]):
         self._executor = executor
         self._output = output
-        self._interrupted = interrupted
+        self._after_poll = after_poll
         self.where: list[Where] = []
         self.exits: dict[int, Exit] = {}
 
@@ -387,9 +387,9 @@ class CommandJob:
                 self._output.write(rank, lines)
                 if done is not None:
                     self.exits[rank] = done
-            if not ending and (self.first_failure() is not None or self._interrupted()):
-                # One rank failed, or the user asked to stop: end every rank's tree, then
-                # keep relaying until each has exited and its output is all out.
+            if not ending and (self._after_poll() is not None or self.first_failure() is not None):
+                # The user asked to stop, or a rank failed: end every rank's tree, then keep
+                # relaying until each has exited and its output is all out.
                 ending = True
                 executor.run(end_on_rank, args=(END_GRACE_S,))
         return self.first_failure()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -357,6 +358,37 @@ def test_ctrl_c_and_sigterm_end_every_rank_tree(address, signum, status):
     while _alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _alive(pids) == []
+
+
+def test_sigusr1_prints_every_ranks_stacks_and_the_run_goes_on(address, tmp_path):
+    process = _cli("-np", "2", "--address", address, sys.executable, SCRIPT, "live", str(tmp_path))
+    # Whatever happens below, the ranks are let go within a minute.
+    release = threading.Timer(60, (tmp_path / "go").touch)
+    release.start()
+    try:
+        for _ in range(2):
+            assert "ready" in process.stdout.readline()
+        process.send_signal(signal.SIGUSR1)
+        stacks: dict[str, list[str]] = {"0": [], "1": []}
+        # py-spy prints the innermost call first, the script's module last.
+        while not all(any("<module>" in line for line in lines) for lines in stacks.values()):
+            line = process.stderr.readline()
+            assert line, "stderr closed before both ranks' stacks came"
+            if match := re.match(r"\[(\d)\]<stacks>:(.*)", line):
+                stacks[match.group(1)].append(match.group(2))
+        (tmp_path / "go").touch()
+        out, err = process.communicate(timeout=60)
+    finally:
+        release.cancel()
+    assert process.returncode == 0, err[-3000:]  # the run went on to its end
+    assert sorted(re.findall(r"^\[\d\]<stdout>:(rank \d done)", out, re.M)) == [
+        "rank 0 done",
+        "rank 1 done",
+    ]
+    for lines in stacks.values():
+        assert re.fullmatch(rf"pid \d+: {re.escape(sys.executable)} {SCRIPT} live .*", lines[0])
+        calls = [re.match(r" *(\S+) \(plain_horovod\.py:\d+\)", line) for line in lines]
+        assert [call.group(1) for call in calls if call][:2] == ["_wait_for", "live"]
 
 
 def test_rank_process_dies_with_a_killed_actor(address):

@@ -7,7 +7,7 @@ ifeq ($(TF),2.21)
 VENV := .venv
 CONSTRAINTS := constraints.txt
 TF_PACKAGES := tensorflow-cpu keras
-TF_EXTRA := tensorflow
+TF_EXTRA := tensorflow,docs
 else ifeq ($(TF),2.15)
 VENV := .venv-tf2.15
 CONSTRAINTS := constraints-tf2.15.txt
@@ -29,7 +29,7 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: install test test-suite test-2023 test-subset demo lint bench bench-quick bench-lines native clean
+.PHONY: install test test-suite test-2023 test-subset demo docs lint bench bench-quick bench-lines native clean
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install --require-fix
@@ -63,10 +63,12 @@ UNIT_TESTS := test/test_bringup.py test/test_calls.py test/test_command.py test/
 	test/test_lifecycle.py test/test_network.py test/test_placement.py test/test_ranks.py \
 	test/test_settings.py
 
-# The whole suite on the chosen line; on the default line, then the 2023 line's subset.
-test: test-suite
+# The documentation, then the whole suite on the chosen line; on the default line, then
+# the 2023 line's subset.
 ifeq ($(TF),2.21)
-test: test-2023
+test: docs test-suite test-2023
+else
+test: test-suite
 endif
 
 test-suite: install
@@ -88,9 +90,18 @@ test-subset: install
 demo: install
 	$(PY) examples/tensorflow2_digits.py --num-workers 2
 
+# The Sphinx site (docs/) into build/docs/html: any warning fails it (a broken reference,
+# a docstring that does not render), then every link between its pages is checked.
+# Built with the default line's environment, where ``make install`` puts Sphinx.
+docs:
+	$(MAKE) TF=2.21 install
+	rm -rf build/docs
+	.venv/bin/python -m sphinx -W --keep-going -q -b html docs build/docs/html
+	.venv/bin/python docs/check_links.py build/docs/html
+
 lint: install
-	$(PY) -m ruff check horovod_ray test examples
-	$(PY) -m ruff format --check horovod_ray test examples
+	$(PY) -m ruff check horovod_ray test examples docs
+	$(PY) -m ruff format --check horovod_ray test examples docs
 
 # The raw Gloo ceiling for B1: Debian's libgloo-dev, built with CMake.
 native:

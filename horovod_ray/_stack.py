@@ -19,7 +19,7 @@ from horovod_ray.errors import HorovodRayError
 
 INSTALL_HINT = (
     "reinstall horovod with Gloo: `make install` in a horovod_ray checkout, or, with the "
-    "fixes in patches/ applied to its source as README's 'Requirements' shows, "
+    "fixes in patches/ applied to its source as docs/install.rst shows, "
     "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 "
     "HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation "
     "--no-cache-dir ./horovod-0.28.1"
@@ -66,8 +66,8 @@ def gloo_iface_fixed() -> bool:
     """Whether horovod's collectives honour HOROVOD_GLOO_IFACE (this repo's patch).
 
     A stock horovod 0.28.1 uses the interface only for its first Gloo context; the one
-    that carries every collective resolves the host's name instead (see README.rst,
-    "Using an existing Ray cluster").
+    that carries every collective resolves the host's name instead (see docs/clusters.rst,
+    "Host names that resolve to loopback").
     """
     return _gloo_problem() is None and _extension_has(_IFACE_FIX_MARKER)
 
@@ -76,7 +76,7 @@ def gloo_iface_fixed() -> bool:
 def batched_rendezvous() -> bool:
     """Whether horovod's ranks rendezvous in batched requests (this repo's patch); a
     stock horovod sends Gloo's per-key requests, which the server answers too, slower
-    (see README.rst, "Large jobs")."""
+    (see docs/clusters.rst, "Large jobs")."""
     return _gloo_problem() is None and _extension_has(b"HTTP multi_get_parts")
 
 

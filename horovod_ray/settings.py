@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 _ssh_warned = False
 # Default seconds before a job whose ranks wait on one that never joins their collective
 # fails: Ray Train's worker health check gives up after 600 s too; horovod's stall
-# inspector warns after 60 s and by default never stops (README, "A stuck job").
+# inspector warns after 60 s and by default never stops (docs/failures.rst, "A stuck job").
 STALL_TIMEOUT_S = 600.0
 # horovod's stall inspector: how often it looks (and warns), when it shuts the job down.
 STALL_WARNING_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"

@@ -86,12 +86,19 @@ def run_fresh_python(code: str, timeout_s: float = 180) -> str:
     return result.stdout
 
 
-def readme_blocks(language: str) -> list[str]:
-    """The code blocks of README.rst in ``language``, in order, unindented."""
-    readme = (ROOT / "README.rst").read_text()
+# README.rst (the front page) and the documentation's pages, whose snippets all run in tests.
+DOC_FILES = [ROOT / "README.rst", *sorted((ROOT / "docs").glob("*.rst"))]
+
+
+def doc_blocks(language: str) -> list[str]:
+    """The code blocks in ``language`` of README.rst and docs/*.rst, unindented, each once
+    (README's quickstart is also the docs'), in file order."""
     pattern = rf"^\.\. code-block:: {language}\n\n((?:(?:    .*)?\n)+)"
-    blocks = re.findall(pattern, readme, flags=re.MULTILINE)
-    return [re.sub(r"^    ", "", block, flags=re.MULTILINE) for block in blocks]
+    blocks: dict[str, None] = {}
+    for path in DOC_FILES:
+        for block in re.findall(pattern, path.read_text(), flags=re.MULTILINE):
+            blocks[re.sub(r"^    ", "", block, flags=re.MULTILINE).rstrip() + "\n"] = None
+    return list(blocks)
 
 
 def _this_cluster() -> str:

@@ -120,7 +120,7 @@ def test_same_lines_as_horovodrun(tmp_path):
 
 # What may differ between the two launchers' ranks: the rendezvous server's address (ours
 # carries the job's secret), the node's name (horovodrun's -H name, here the Ray node id),
-# and ours alone: the one-round-trip rendezvous (README, "Scale") and the attempt
+# and ours alone: the one-round-trip rendezvous (docs/clusters.rst, "Large jobs") and the attempt
 # (--max-restarts).
 LAUNCHER_OWN = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME")
 OURS_ONLY = ("HOROVOD_GLOO_RENDEZVOUS_BATCH", "HOROVOD_RAY_ATTEMPT")
@@ -169,7 +169,7 @@ def test_each_rank_gets_the_environment_horovodrun_gives(address, tmp_path, flag
         for name in OURS_ONLY:
             ours[rank].pop(name)
         if "--gloo-timeout-seconds" not in flags:
-            # Our default (README), where horovodrun sets nothing and Gloo waits 30 s.
+            # Our default (docs/cli.rst), where horovodrun sets nothing and Gloo waits 30 s.
             assert ours[rank].pop("HOROVOD_GLOO_TIMEOUT_SECONDS") == "120"
         for name, default in (
             ("HOROVOD_STALL_CHECK_TIME_SECONDS", "60"),

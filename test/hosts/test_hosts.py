@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from horovod_ray._stack import gloo_iface_fixed
-from test.conftest import readme_blocks
+from test.conftest import doc_blocks
 from test.hosts.simhosts import REPO, SimHosts, unavailable_reason
 
 pytestmark = pytest.mark.timeout(600)
@@ -180,7 +180,7 @@ def test_ray_client_from_a_machine_outside_the_cluster(cluster: SimHosts) -> Non
 
 
 def test_readme_ray_client_snippet(cluster: SimHosts) -> None:
-    snippet = next(b for b in readme_blocks("python") if "ray://HEAD" in b)
+    snippet = next(b for b in doc_blocks("python") if "ray://HEAD" in b)
     snippet = snippet.replace("HEAD", cluster.head.address)
     out = cluster.python(cluster.hosts["h4"], ["-c", snippet]).stdout
     names = ast.literal_eval(out.strip().splitlines()[-1])
@@ -189,8 +189,8 @@ def test_readme_ray_client_snippet(cluster: SimHosts) -> None:
 
 
 def test_readme_ray_job_submit_runs_the_digits_example(cluster: SimHosts) -> None:
-    """README's ``ray job submit``, from a machine outside the cluster."""
-    line = next(b for b in readme_blocks("bash") if "ray job submit" in b).strip()
+    """The docs' ``ray job submit``, from a machine outside the cluster."""
+    line = next(b for b in doc_blocks("bash") if "ray job submit" in b).strip()
     submit = shlex.split(line.replace("HEAD", cluster.head.address))
     submit[0] = str(REPO / ".venv" / "bin" / "ray")
     result = subprocess.run(

@@ -89,13 +89,16 @@ class WorkerFailedError(HorovodRayError):
 
 
 class HangError(WorkerFailedError):
-    """Ranks waited in a collective that others never entered, for ``stall_timeout_s``.
+    """Ranks waited in a collective that others never entered, for ``stall_timeout_s``;
+    or every rank waited inside one for its peers' data for ``timeout_s`` (Gloo's timeout:
+    a network that went silent), and then no rank is missing.
 
     Attributes:
         missing: The ranks that never reached it (their stacks are in ``failures``).
         waiting: The ranks that waited in it.
         failures: World rank -> where a missing rank was, its Python stacks at that
-            moment, and the collectives it did not reach.
+            moment, and the collectives it did not reach; for a silent network, where
+            each rank waited and Gloo's error.
     """
 
     def __init__(

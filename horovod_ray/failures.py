@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from horovod_ray.errors import (
     ElasticLimitError,
@@ -244,6 +244,51 @@ def hang_error(
         + "\n".join(f"--- rank {r}: {t}" for r, t in failures.items())
     )
     return HangError(failures, message, stall.missing, stall.waiting)
+
+
+# What horovod logs on a rank's stderr when its collectives stop on an error (operations.cc).
+_BACKGROUND_ERROR = re.compile(r"Horovod background loop uncaught exception: (.*)")
+# Gloo's words for a collective that waited ``timeout_s`` for a peer: the rank that timed
+# out closes every pair with the first, and its own wait says the second. A peer whose
+# pair it closed sees the third or fourth.
+GLOO_TIMEOUT_TEXTS = ("Application timeout caused pair closure", "Timed out waiting")
+GLOO_CLOSED_TEXTS = ("Connection closed by peer", "Connection reset by peer")
+
+
+def background_error(stderr: str) -> str | None:
+    """The last error that stopped horovod's collectives, from a rank's stderr."""
+    found = _BACKGROUND_ERROR.findall(stderr)
+    return found[-1].strip() if found else None
+
+
+def gloo_timed_out(snapshot: Snapshot, stderr: Sequence[str], timeout_s: float) -> HangError | None:
+    """The HangError for a job whose ranks all waited inside collectives for Gloo's
+    timeout (a network that went silent without resetting a connection), or None.
+
+    That is the case when no rank was lost, every rank raised horovod's shut-down error,
+    and each rank's stderr (``stderr``, in rank order) says that Gloo timed out or that a
+    peer closed its connection, at least one the former.
+    """
+    views = snapshot.ranks
+    if any(v.seen in LOST or not v.raised or SHUT_DOWN_TEXT not in v.raised for v in views):
+        return None
+    errors = [background_error(text) or "" for text in stderr]
+    timed_out = [any(t in e for t in GLOO_TIMEOUT_TEXTS) for e in errors]
+    closed = [any(t in e for t in GLOO_CLOSED_TEXTS) for e in errors]
+    if len(errors) != len(views) or not any(timed_out):
+        return None
+    if not all(out or shut for out, shut in zip(timed_out, closed, strict=True)):
+        return None
+    ranks = tuple(range(len(views)))
+    failures = {rank: f"waited {views[rank].where}; Gloo: {errors[rank]}" for rank in ranks}
+    message = (
+        f"Horovod job hung: every rank waited inside a collective for its peers' data for "
+        f"timeout_s={timeout_s:g}s and none came, though every rank and node was alive: "
+        f"the network Gloo uses stopped carrying data between nodes without resetting a "
+        f"connection (a partition, a firewall, a failed link or switch port); the job was "
+        f"stopped.\n" + "\n".join(f"--- rank {r}: {t}" for r, t in failures.items())
+    )
+    return HangError(failures, message, (), ranks)
 
 
 # ------------------------------------------------------------------------ elastic jobs

@@ -55,17 +55,18 @@ def stacks(workers: Sequence[Any], ranks: Sequence[int], timeout_s: float) -> di
     return {rank: ray.get(ref) if _ready(ref) else None for rank, ref in refs.items()}
 
 
-def stacks_and_report(
+def stacks_and_stderr(
     workers: Sequence[Any], ranks: Sequence[int], timeout_s: float
-) -> tuple[dict[int, str], str]:
-    """The stacks of ``ranks`` that came, and rank 0's stderr (where horovod's stall
-    report is; "" if it did not come within ``timeout_s``)."""
-    report = workers[0].stderr_tail.remote()
+) -> tuple[dict[int, str], list[str]]:
+    """The stacks of ``ranks`` that came, and every rank's stderr (where horovod writes
+    its stall report, on rank 0, and why its collectives stopped; "" for a rank whose
+    stderr did not come within ``timeout_s``)."""
+    tails = [worker.stderr_tail.remote() for worker in workers]
     texts = stacks(workers, ranks, timeout_s)
-    ray.wait([report], timeout=timeout_s)
-    return {r: t for r, t in texts.items() if t is not None}, (
-        ray.get(report) if _ready(report) else ""
-    )
+    ray.wait(tails, num_returns=len(tails), timeout=timeout_s)
+    return {r: t for r, t in texts.items() if t is not None}, [
+        ray.get(tail) if _ready(tail) else "" for tail in tails
+    ]
 
 
 def _ready(ref: ray.ObjectRef) -> bool:

@@ -321,14 +321,14 @@ class StaticJob:
         raise error from first
 
     def _hang_error(self, snapshot: failures.Snapshot) -> HangError | None:
-        """The HangError, if horovod shut the job down for a stall; the missing ranks'
-        stacks are read now, before anything is released."""
+        """The HangError, if horovod shut the job down for a stall or every rank waited
+        in a collective for Gloo's timeout; read now, before anything is released."""
         running = [r for r, view in enumerate(snapshot.ranks) if view.running]
-        stacks, stderr = probe.stacks_and_report(self.actors, running, probe.LIVENESS_TIMEOUT_S)
-        stall = failures.stalled(snapshot, failures.stall_report(stderr))
-        if stall is None:
-            return None
-        return failures.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
+        stacks, stderr = probe.stacks_and_stderr(self.actors, running, probe.LIVENESS_TIMEOUT_S)
+        stall = failures.stalled(snapshot, failures.stall_report(stderr[0]))
+        if stall is not None:
+            return failures.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
+        return failures.gloo_timed_out(snapshot, stderr, self._settings.timeout_s)
 
     # ------------------------------------------------------------------------- stop
 

@@ -22,6 +22,7 @@ from horovod_ray.failures import (
     attribute,
     elastic_error,
     error_for,
+    gloo_timed_out,
     gone_nodes,
     hang_error,
     stall_report,
@@ -288,3 +289,43 @@ def test_ranks_that_each_miss_the_others_collective_are_named_so():
         error
     )
     assert "not read: it was not in the call any more" in error.failures[0]
+
+
+# What each rank's stderr says when Gloo gave up on a silent network (seen on the simulated
+# hosts, test/hosts: the rank that timed out closed its pairs; a peer can see them close).
+_LOG = "[2026-12-01 08:01:22.5: E horovod/common/operations.cc:697] [{r}]: "
+TIMED_OUT = _LOG + "Horovod background loop uncaught exception: {text}\n"
+APPLICATION = "Application timeout caused pair closure"
+CLOSED = "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.213.8.3]:41234"
+
+
+def _stderr(*texts: str) -> list[str]:
+    return [
+        f"noise\n{TIMED_OUT.format(r=r, text=t)}" if t else "noise\n" for r, t in enumerate(texts)
+    ]
+
+
+def test_every_rank_timed_out_in_gloo_is_a_hang_with_no_rank_missing():
+    views = _stall_views([SHUT, SHUT, SHUT], [False] * 3)
+    error = gloo_timed_out(views, _stderr(APPLICATION, CLOSED, APPLICATION), 10)
+    assert isinstance(error, HangError)
+    assert (error.missing, error.waiting, sorted(error.failures)) == ((), (0, 1, 2), [0, 1, 2])
+    assert str(error).startswith(
+        "Horovod job hung: every rank waited inside a collective for its peers' data for "
+        "timeout_s=10s and none came"
+    )
+    assert f"--- rank 1: waited on node n, rank 1; Gloo: {CLOSED}" in str(error)
+
+
+@pytest.mark.parametrize(
+    "raised, seen, texts",
+    [
+        ([SHUT, SHUT, SHUT], "aaa", (CLOSED, CLOSED, CLOSED)),  # a peer died: nobody timed out
+        ([SHUT, SHUT, SHUT], "aad", (APPLICATION,) * 3),  # a rank was lost
+        ([SHUT, SHUT, "ValueError: x"], "aaa", (APPLICATION,) * 3),  # a rank's own error
+        ([SHUT, SHUT, SHUT], "aaa", (APPLICATION, APPLICATION, "")),  # one stderr unread
+        ([SHUT, SHUT, SHUT], "aaa", (APPLICATION, APPLICATION, "Something else")),
+    ],
+)
+def test_other_shut_downs_are_no_gloo_timeout(raised, seen, texts):
+    assert gloo_timed_out(_stall_views(raised, [False] * 3, seen), _stderr(*texts), 10) is None

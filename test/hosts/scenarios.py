@@ -249,6 +249,52 @@ def node_lost(params: dict) -> dict:
 
 
 @scenario
+def partition(params: dict) -> dict:
+    """The network Gloo uses (nics: the second one) stops carrying anything to one host
+    mid-job, while Ray's own stays up: no connection is reset, every rank waits inside a
+    collective. What the caller is told, and when."""
+    settings = RayExecutor.create_settings(timeout_s=params["gloo_timeout_s"], nics=["ib1", "ib0"])
+    executor = RayExecutor(settings, num_hosts=3)
+    executor.start()
+
+    def train() -> None:
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        hvd.allreduce(tf.constant(1.0))
+        horovod_ray.log({"in_loop": True})  # the driver cuts the network on this
+        deadline = time.monotonic() + 120  # a cut that never took ends the job all the same
+        while time.monotonic() < deadline:
+            hvd.allreduce(tf.constant(1.0), name="loop")
+
+    cut_at: list[float] = []
+
+    def on_log(item: dict) -> None:
+        if not cut_at:
+            subprocess.run(params["cut"], check=True)
+            cut_at.append(time.monotonic())
+
+    error: dict[str, Any] = {}
+    try:
+        executor.run(train, callbacks=[on_log])
+    except horovod_ray.WorkerFailedError as err:
+        error = {
+            "type": type(err).__name__,
+            "failures": sorted(err.failures),
+            "text": str(err),
+            "missing": list(getattr(err, "missing", [])),
+            "waiting": list(getattr(err, "waiting", [])),
+        }
+    finally:
+        subprocess.run(params["heal"], check=True)
+    seconds = time.monotonic() - cut_at[0] if cut_at else None
+    state = executor.state.value
+    executor.stop()
+    return {"error": error, "seconds": seconds, "state": state, "after": settle()}
+
+
+@scenario
 def client(params: dict) -> dict:
     """Ray Client from a machine that is no Ray node: run(), RayExecutor and Tune."""
     from ray import tune

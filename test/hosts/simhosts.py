@@ -217,6 +217,14 @@ class SimHosts:
             for name, iface in ifaces.items()
         }
 
+    def port_command(self, bridge: str, host: str, up: bool) -> list[str]:
+        """The command that takes ``host``'s port on ``bridge`` down (or up again): a
+        silent partition, as a pulled cable. Frames are dropped both ways and nothing is
+        reset; the hosts' other networks go on."""
+        index = list(self.hosts).index(host) + 1
+        state = "up" if up else "down"
+        return ["ip", "-n", self.switch, "link", "set", "dev", f"{bridge}p{index}", state]
+
     def _write_peer_names(self) -> None:
         for host in self.hosts.values():
             lines = host.hosts_file.read_text().splitlines()[:3]

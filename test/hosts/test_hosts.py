@@ -216,6 +216,27 @@ def test_host_lost_mid_job_names_its_rank(cluster: SimHosts) -> None:
     assert result["state"] == "failed"
 
 
+def test_a_silent_partition_is_a_hang_named_within_glos_timeout(cluster: SimHosts) -> None:
+    """Gloo's network stops carrying anything to h3 mid-job (its switch port goes down: no
+    connection is reset) while Ray's stays up: every rank waits inside a collective, and
+    the job fails with a HangError that says so, within Gloo's timeout and a bound."""
+    result = cluster.scenario(
+        cluster.head,
+        "partition",
+        gloo_timeout_s=10,
+        cut=cluster.port_command("br1", "h3", up=False),
+        heal=cluster.port_command("br1", "h3", up=True),
+    )
+    error = result["error"]
+    assert error["type"] == "HangError", error["text"][-3000:]
+    assert (error["missing"], error["waiting"]) == ([], [0, 1, 2])
+    assert "every rank waited inside a collective for its peers' data" in error["text"]
+    assert error["text"].count("; Gloo: ") == 3
+    assert result["seconds"] < 10 + 15, result["seconds"]  # the timeout, then the probe
+    assert result["state"] == "failed"
+    assert result["after"] == {"alive_actors": [], "live_groups": []}
+
+
 def test_elastic_job_loses_a_host_and_goes_on(cluster: SimHosts) -> None:
     """Across real addresses (not loopback): rendezvous on the driver's address, each
     host's own interface, the driver reaching each rank's notification port."""

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from horovod_ray import cli_flags, restarts
+from horovod_ray import cli_flags, command_stacks, restarts
 from horovod_ray.cli_signals import SIGNAL_STATUS, Signals
 from horovod_ray.command import CommandJob, Output
 from horovod_ray.command_elastic import run_elastic
@@ -310,7 +310,10 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
             while signals.received is None and time.monotonic() < deadline:
                 time.sleep(0.1)
             executor = _build_executor(args)
-        job = outcome["job"] = CommandJob(executor, output, signals.after_poll(executor))
+        signals.no_stacks_note = _NO_ELASTIC_STACKS if executor.elastic is not None else None
+        job = outcome["job"] = CommandJob(
+            executor, output, command_stacks.after_poll(executor, signals)
+        )
         outcome["failed"] = outcome["error"] = None
         env = {**run[2], restarts.ATTEMPT_ENV: str(attempt)}
         try:
@@ -320,7 +323,6 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
                 signals.on_signal = None
             if signals.received is None and executor.elastic is not None:
                 signals.on_signal = executor.stop  # the run ends, and raises
-                signals.no_stacks_note = _NO_ELASTIC_STACKS
                 run_elastic(executor, output, run[0], run[1], env, *run[3:])
             elif signals.received is None:
                 outcome["failed"] = job.run(run[0], run[1], env, *run[3:])

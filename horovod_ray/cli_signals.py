@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
-from typing import Any, Callable
-
-from horovod_ray import command_stacks
+from typing import Callable
 
 # The shell's convention for "ended by signal N", which horovodrun's users script against.
 SIGNAL_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -61,18 +58,6 @@ class Signals:
         self.received = signum
         if self.on_signal is not None:
             threading.Thread(target=self.on_signal, daemon=True).start()
-
-    def after_poll(self, executor: Any) -> Callable[[], int | None]:
-        """What a static run does between its polls of the ranks: prints their stacks
-        after SIGUSR1, and says which signal asked it to stop (None: none)."""
-
-        def after_poll() -> int | None:
-            if self.take_stacks_request():
-                print("horovod-ray run: every rank's stacks (SIGUSR1)", file=sys.stderr)
-                command_stacks.print_stacks(executor, sys.stderr)
-            return self.received
-
-        return after_poll
 
     def __exit__(self, *exc_info: object) -> None:
         for signum, handler in self._previous.items():

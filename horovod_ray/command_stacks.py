@@ -12,15 +12,25 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Callable
 
 import psutil
 
 from horovod_ray import command
 
-# Longest one process's reading may take (py-spy needs tens of milliseconds).
-PY_SPY_TIMEOUT_S = 10.0
+if TYPE_CHECKING:
+    from horovod_ray.cli_signals import Signals
+    from horovod_ray.executor import RayExecutor
+
+# Longest one process's reading may take (py-spy needs tens of milliseconds); the relay
+# of every rank's output waits meanwhile.
+PY_SPY_TIMEOUT_S = 5.0
 _NO_PY_SPY = "py-spy is not installed on this node (pip install py-spy, or ray[default])"
+# What py-spy needs where Ray does not run as root: the kernel's ptrace permission.
+_NOT_ALLOWED = (
+    "py-spy may not read this process: run Ray as root, or give its nodes CAP_SYS_PTRACE "
+    "or kernel.yama.ptrace_scope=0"
+)
 
 
 def py_spy() -> str | None:
@@ -45,6 +55,8 @@ def process_stacks(pid: int, tool: str) -> str:
     if done.returncode == 0:
         return done.stdout.rstrip("\n")
     reason = (done.stderr.strip() or done.stdout.strip() or "py-spy failed").splitlines()[0]
+    if "Permission denied" in reason or "Operation not permitted" in reason:
+        return f"no stacks: {_NOT_ALLOWED} ({reason.removeprefix('Error: ')})"
     return f"no Python stacks ({reason.removeprefix('Error: ')})"
 
 
@@ -70,7 +82,7 @@ def stacks_on_rank() -> str:
     return "\n".join(parts) or "the command has exited"
 
 
-def print_stacks(executor: Any, stream: IO[str]) -> None:
+def print_stacks(executor: RayExecutor, stream: IO[str]) -> None:
     """Asks every rank of a started static ``executor`` for its command's stacks and
     writes them to ``stream``, each line prefixed ``[RANK]<stacks>:``."""
     texts = executor.run(stacks_on_rank)
@@ -81,3 +93,16 @@ def print_stacks(executor: Any, stream: IO[str]) -> None:
     ]
     stream.write("".join(lines))
     stream.flush()
+
+
+def after_poll(executor: RayExecutor, signals: Signals) -> Callable[[], int | None]:
+    """What a static ``horovod-ray run`` does between its polls of the ranks: prints their
+    stacks to stderr after SIGUSR1, and says which signal asked it to stop (None: none)."""
+
+    def answer() -> int | None:
+        if signals.take_stacks_request():
+            print("horovod-ray run: every rank's stacks (SIGUSR1)", file=sys.stderr)
+            print_stacks(executor, sys.stderr)
+        return signals.received
+
+    return answer

@@ -386,7 +386,8 @@ def test_sigusr1_prints_every_ranks_stacks_and_the_run_goes_on(address, tmp_path
         "rank 1 done",
     ]
     for lines in stacks.values():
-        assert re.fullmatch(rf"pid \d+: {re.escape(sys.executable)} {SCRIPT} live .*", lines[0])
+        command_line = f"{sys.executable} {SCRIPT} live "
+        assert re.fullmatch(rf"pid \d+: {re.escape(command_line)}.*", lines[0])
         calls = [re.match(r" *(\S+) \(plain_horovod\.py:\d+\)", line) for line in lines]
         assert [call.group(1) for call in calls if call][:2] == ["_wait_for", "live"]
 

@@ -13,8 +13,7 @@ import psutil
 import pytest
 import ray
 
-from horovod_ray import cli, command, command_stacks
-from horovod_ray.cli_signals import Signals
+from horovod_ray import cli
 from horovod_ray.command import (
     Exit,
     Output,
@@ -225,48 +224,3 @@ def test_bad_flags_exit_2(argv, capsys, no_ray_init):
 def test_command_after_double_dash_keeps_its_own_flags():
     args = cli.build_parser().parse_args(["run", "-np", "2", "--", sys.executable, "-np", "x"])
     assert cli._check_command(args.command) == [sys.executable, "-np", "x"]
-
-
-def test_a_ranks_stacks_name_each_process_and_where_python_waits(tmp_path, monkeypatch):
-    # sh (no Python stacks) starts a Python that waits in a function of its own.
-    program = (
-        "import time\n"
-        "def waiting_here():\n"
-        "    print('ready', flush=True)\n"
-        "    time.sleep(60)\n"
-        "waiting_here()\n"
-    )
-    (tmp_path / "wait.py").write_text(program)
-    script = f"{sys.executable} wait.py; true"
-    process = RankProcess(["sh", "-c", script], dict(os.environ), str(tmp_path))
-    monkeypatch.setattr(command, "_process", process)
-    try:
-        lines, _ = process.poll(30)
-        assert lines == [("stdout", "ready\n")]
-        text = command_stacks.stacks_on_rank()
-    finally:
-        process.end(grace_s=2)
-    shell, python = re.split(r"^(?=pid \d+: )", text, flags=re.M)[1:]
-    assert shell.startswith("pid ") and "sh -c" in shell and "no Python stacks" in shell
-    assert re.search(r"^pid \d+: .*wait\.py$", python, re.M)
-    assert re.search(r"waiting_here \(wait\.py:4\)", python)
-
-
-def test_without_a_command_a_rank_says_so(monkeypatch):
-    monkeypatch.setattr(command, "_process", None)
-    assert command_stacks.stacks_on_rank() == "no command runs on this rank"
-
-
-def test_sigusr1_asks_for_stacks_once_and_an_elastic_run_says_why_not(capfd):
-    before = signal.getsignal(signal.SIGUSR1)
-    with Signals() as signals:
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.01)  # the handler runs in this thread at the next instruction
-        assert signals.take_stacks_request()
-        assert not signals.take_stacks_request()
-        signals.no_stacks_note = "no stacks for this run"
-        os.kill(os.getpid(), signal.SIGUSR1)
-        time.sleep(0.01)
-        assert not signals.take_stacks_request()
-    assert "no stacks for this run" in capfd.readouterr().err
-    assert signal.getsignal(signal.SIGUSR1) is before

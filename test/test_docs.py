@@ -1,5 +1,6 @@
 """README.rst and the documentation (docs/) stay true: every Python snippet and every
-example command in them runs as written, the site builds, and README renders on its own."""
+example command in them runs as written, README renders on its own, and the link check
+finds broken links. Building the site itself is ``make docs``, which ``make test`` runs."""
 
 from __future__ import annotations
 
@@ -226,3 +227,12 @@ def test_the_hand_build_of_horovod_is_the_makefiles():
     assert re.search(r"^HOROVOD_VERSION := 0\.28\.1$", makefile, re.M)
     assert "pip install --no-build-isolation --no-cache-dir --force-reinstall --no-deps" in block
     assert "patches/horovod-0.28.1-*.patch" in block
+
+
+def test_readmes_support_matrix_is_the_install_pages():
+    def matrix(text: str) -> str:
+        return re.search(
+            r"^=+  =+.*\nline .*\n(?:.*\n)*?=+  =+.*\n(?:.*\n)*?=+  =+.*\n", text, re.M
+        )[0]
+
+    assert matrix(README) == matrix((ROOT / "docs" / "install.rst").read_text())

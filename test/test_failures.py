@@ -297,6 +297,7 @@ _LOG = "[2026-12-01 08:01:22.5: E horovod/common/operations.cc:697] [{r}]: "
 TIMED_OUT = _LOG + "Horovod background loop uncaught exception: {text}\n"
 APPLICATION = "Application timeout caused pair closure"
 CLOSED = "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.213.8.3]:41234"
+WAITED = "[gloo/transport/tcp/unbound_buffer.cc:136] Timed out waiting 10000ms for send operation"
 
 
 def _stderr(*texts: str) -> list[str]:
@@ -307,7 +308,7 @@ def _stderr(*texts: str) -> list[str]:
 
 def test_every_rank_timed_out_in_gloo_is_a_hang_with_no_rank_missing():
     views = _stall_views([SHUT, SHUT, SHUT], [False] * 3)
-    error = gloo_timed_out(views, _stderr(APPLICATION, CLOSED, APPLICATION), 10)
+    error = gloo_timed_out(views, _stderr(APPLICATION, CLOSED, WAITED), 10)
     assert isinstance(error, HangError)
     assert (error.missing, error.waiting, sorted(error.failures)) == ((), (0, 1, 2), [0, 1, 2])
     assert str(error).startswith(

@@ -144,7 +144,7 @@ def add_tuning_flags(run: argparse.ArgumentParser) -> None:
 
 def add_other_flags(run: argparse.ArgumentParser) -> None:
     """The rest of horovodrun's flags: taken, taken and ignored, or refused (see above)."""
-    other = run.add_argument_group("horovodrun's other flags (see the documentation: Command line)")
+    other = run.add_argument_group("horovodrun's other flags (docs: Command line)")
     other.add_argument("-v", "--version", action=_Version, nargs=0, help="horovod's version")
     other.add_argument(
         "-cb", "--check-build", action=_CheckBuild, nargs=0,
@@ -184,9 +184,7 @@ def add_other_flags(run: argparse.ArgumentParser) -> None:
 def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
     """horovodrun's elastic flags: any of ``--min-np`` and ``--host-discovery-script``
     makes the job elastic (:func:`elastic_options`)."""
-    elastic = parser.add_argument_group(
-        "elastic (as horovodrun's; see the documentation: Elastic jobs)"
-    )
+    elastic = parser.add_argument_group("elastic (as horovodrun's; docs: Elastic jobs)")
     elastic.add_argument(
         "--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
         help="elastic: the fewest ranks to train on (default: -np)",

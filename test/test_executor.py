@@ -38,6 +38,9 @@ def horovod_identity():
     }
 
 
+SLEEP_LINE = "time.sleep(0.05)  # the line stacks() shows"
+
+
 def _waits_for(path: str) -> str:
     while not os.path.exists(path):
         time.sleep(0.05)  # the line stacks() shows
@@ -134,14 +137,16 @@ class TestRunningJob:
         refs = executor.run_remote(_waits_for, args=(str(go),))
         deadline = time.monotonic() + 30
         stacks = executor.stacks()
-        while not all("in _waits_for" in text for text in stacks.values()):
+        # Until every rank is read in its sleep: a read while a rank checks for the file
+        # (which lets other threads run) shows the loop's first line instead.
+        while not all(SLEEP_LINE in text for text in stacks.values()):
             assert time.monotonic() < deadline, stacks
             stacks = executor.stacks()
         assert sorted(stacks) == [0, 1, 2]
         for text in stacks.values():
             # Each rank's waiting line, with its file and line, and the threads' names.
             assert re.search(rf'File "{re.escape(__file__)}", line \d+, in _waits_for', text)
-            assert "time.sleep(0.05)  # the line stacks() shows" in text
+            assert SLEEP_LINE in text
             assert 'Thread "' in text
         go.touch()
         assert ray.get(refs, timeout=30) == ["went on"] * 3  # the call was not disturbed

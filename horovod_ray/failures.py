@@ -253,6 +253,8 @@ _BACKGROUND_ERROR = re.compile(r"Horovod background loop uncaught exception: (.*
 # pair it closed sees the third or fourth.
 GLOO_TIMEOUT_TEXTS = ("Application timeout caused pair closure", "Timed out waiting")
 GLOO_CLOSED_TEXTS = ("Connection closed by peer", "Connection reset by peer")
+# Where a Gloo error starts in the line a collective raised: "[.../gloo/....cc:81] Timed...".
+_GLOO_SOURCE = re.compile(r"\[[^\]\s]*gloo/[^\]]*\].*")
 
 
 def background_error(stderr: str) -> str | None:
@@ -261,23 +263,43 @@ def background_error(stderr: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+def _gloo_words(text: str) -> str | None:
+    """The last line of ``text`` in Gloo's words for a timeout or a closed pair, from
+    Gloo's source file on."""
+    for line in reversed(text.splitlines()):
+        if any(t in line for t in GLOO_TIMEOUT_TEXTS + GLOO_CLOSED_TEXTS):
+            found = _GLOO_SOURCE.search(line)
+            return (found[0] if found else line).strip()
+    return None
+
+
+def collectives_stopped(raised: str) -> bool:
+    """Whether a rank's error says that horovod's collectives stopped under it: horovod's
+    shut-down error, or Gloo's own error for the collective it was in."""
+    return SHUT_DOWN_TEXT in raised or _gloo_words(raised) is not None
+
+
 def gloo_timed_out(snapshot: Snapshot, stderr: Sequence[str], timeout_s: float) -> HangError | None:
     """The HangError for a job whose ranks all waited inside collectives for Gloo's
     timeout (a network that went silent without resetting a connection), or None.
 
-    That is the case when no rank was lost, every rank raised horovod's shut-down error,
-    and each rank's stderr (``stderr``, in rank order) says that Gloo timed out or that a
-    peer closed its connection, at least one the former.
+    That is the case when no rank was lost, every rank raised, and each rank says that
+    Gloo timed out or that a peer closed its connection, at least one the former. A rank
+    says so in the error its collective raised, or, when it raised horovod's shut-down
+    error, in its stderr (``stderr``, in rank order).
     """
     views = snapshot.ranks
-    if any(v.seen in LOST or not v.raised or SHUT_DOWN_TEXT not in v.raised for v in views):
+    if len(stderr) != len(views) or any(v.seen in LOST or not v.raised for v in views):
         return None
-    errors = [background_error(text) or "" for text in stderr]
+    errors = []
+    for view, text in zip(views, stderr, strict=True):
+        error = _gloo_words(view.raised)
+        if error is None and SHUT_DOWN_TEXT in view.raised:
+            error = background_error(text)
+        errors.append(error or "")
     timed_out = [any(t in e for t in GLOO_TIMEOUT_TEXTS) for e in errors]
     closed = [any(t in e for t in GLOO_CLOSED_TEXTS) for e in errors]
-    if len(errors) != len(views) or not any(timed_out):
-        return None
-    if not all(out or shut for out, shut in zip(timed_out, closed, strict=True)):
+    if not any(timed_out) or not all(o or c for o, c in zip(timed_out, closed, strict=True)):
         return None
     ranks = tuple(range(len(views)))
     failures = {rank: f"waited {views[rank].where}; Gloo: {errors[rank]}" for rank in ranks}

@@ -300,7 +300,7 @@ class StaticJob:
     ) -> None:
         """Works out who caused a failure (see failures.py), releases the job, raises."""
         timeout_s = self._settings.timeout_s
-        shut_down = _settle_if_shut_down(refs)
+        stopped = _settle_if_collectives_stopped(refs)
         snapshot, first = probe.probe(
             self.actors,
             [m.node.where for m in self.members],
@@ -310,7 +310,8 @@ class StaticJob:
             elapsed_s,
             timeout_s,
         )
-        error = self._hang_error(snapshot) if shut_down else None
+        lost = any(view.seen in failures.LOST for view in snapshot.ranks)
+        error = self._hang_error(snapshot) if stopped and not lost else None
         if error is None:
             error = failures.error_for(failures.attribute(snapshot), timeout_s)
         failing()
@@ -341,11 +342,12 @@ class StaticJob:
             release(self.held, grace_s)
 
 
-def _settle_if_shut_down(refs: list[ray.ObjectRef]) -> bool:
-    """Whether a rank failed with horovod's shut-down error; if one did, the others that
-    waited raise within moments: waits up to SETTLE_S for them."""
+def _settle_if_collectives_stopped(refs: list[ray.ObjectRef]) -> bool:
+    """Whether a rank failed because horovod's collectives stopped (its shut-down error, or
+    Gloo's); if one did, the others that waited raise within moments: waits up to
+    SETTLE_S for them."""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    if not any(failures.SHUT_DOWN_TEXT in str(probe.error_of(ref)) for ref in ready):
+    if not any(failures.collectives_stopped(str(probe.error_of(ref))) for ref in ready):
         return False
     deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:  # until no more rank raises for a moment

@@ -20,6 +20,7 @@ from horovod_ray.failures import (
     Seen,
     Snapshot,
     attribute,
+    collectives_stopped,
     elastic_error,
     error_for,
     gloo_timed_out,
@@ -316,6 +317,38 @@ def test_every_rank_timed_out_in_gloo_is_a_hang_with_no_rank_missing():
         "timeout_s=10s and none came"
     )
     assert f"--- rank 1: waited on node n, rank 1; Gloo: {CLOSED}" in str(error)
+
+
+# What a collective raises when Gloo's error reaches it in flight (seen in CI on the
+# simulated hosts): the rank's own error says it, not horovod's shut-down text.
+RAISED_WAIT = (
+    "tensorflow.python.framework.errors_impl.UnknownError: {{function_node "
+    "__wrapped__HorovodAllreduce_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+    "[/b/horovod-0.28.1/third_party/compatible17_gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+    "Timed out waiting 10000ms for recv operation to complete [Op:HorovodAllreduce] name: loop"
+)
+
+
+def test_ranks_whose_collective_raised_gloos_timeout_are_a_hang_too():
+    raised = f"Traceback:\n  File x\n{RAISED_WAIT}\n"
+    views = _stall_views([raised, SHUT, raised], [False] * 3)
+    error = gloo_timed_out(views, _stderr("", CLOSED, ""), 10)
+    assert isinstance(error, HangError)
+    assert (error.missing, error.waiting) == ((), (0, 1, 2))
+    assert error.failures[0] == (
+        "waited on node n, rank 0; Gloo: [/b/horovod-0.28.1/third_party/compatible17_gloo/"
+        "gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation "
+        "to complete [Op:HorovodAllreduce] name: loop"
+    )
+    assert error.failures[1] == f"waited on node n, rank 1; Gloo: {CLOSED}"
+
+
+@pytest.mark.parametrize(
+    "raised, stopped",
+    [(SHUT, True), (RAISED_WAIT, True), (f"x\n{CLOSED}", True), ("ValueError: x", False)],
+)
+def test_collectives_stopped_reads_horovods_and_gloos_words(raised, stopped):
+    assert collectives_stopped(raised) is stopped
 
 
 @pytest.mark.parametrize(

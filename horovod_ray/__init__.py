@@ -1,4 +1,15 @@
-"""horovod_ray: run Horovod (Gloo) training jobs on a Ray cluster."""
+"""horovod_ray: run Horovod (Gloo) training jobs on a Ray cluster.
+
+``RayExecutor`` is imported when first used. A rank's process imports
+``horovod_ray.worker`` (the actor's class), which runs this file first: were the job's
+side (the executor, both kinds of job, horovod's elastic driver) imported here, every
+rank would load it before it could answer, on its way to the first collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from horovod_ray.__version__ import __version__
 from horovod_ray.errors import (
@@ -12,11 +23,17 @@ from horovod_ray.errors import (
     StartCancelledError,
     WorkerFailedError,
 )
-from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.lifecycle import ExecutorState
 from horovod_ray.logs import log
 from horovod_ray.restarts import attempt
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
+
+if TYPE_CHECKING:
+    from horovod_ray.executor import RayExecutor
+
+# Name -> the module that defines it, imported on first use.
+_LAZY = {"RayExecutor": "horovod_ray.executor"}
 
 __all__ = [
     "ConfigError",
@@ -36,3 +53,16 @@ __all__ = [
     "log",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'horovod_ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -235,7 +235,7 @@ class RayExecutor:
             WorkerFailedError: A rank raised or died; the job has been stopped.
         """
         call = calls.prepare_execute(fn)
-        return self.run_call(call, calls.check_callbacks(callbacks), "execute")
+        return self._run_call(call, calls.check_callbacks(callbacks), "execute")
 
     def run(
         self,
@@ -253,9 +253,9 @@ class RayExecutor:
             WorkerFailedError: A rank raised or died; the job has been stopped.
         """
         call = calls.prepare(fn, args, kwargs)
-        return self.run_call(call, calls.check_callbacks(callbacks), "run")
+        return self._run_call(call, calls.check_callbacks(callbacks), "run")
 
-    def run_call(
+    def _run_call(
         self,
         call: calls.Call,
         callbacks: list[Callable[[dict], None]],

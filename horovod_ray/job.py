@@ -22,7 +22,6 @@ import ray
 from horovod_ray import calls
 from horovod_ray._stack import require_gloo
 from horovod_ray.calls import Call
-from horovod_ray.elastic import ElasticJob
 from horovod_ray.errors import ConfigError, HorovodRayError
 from horovod_ray.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.ranks import RankInfo
@@ -88,6 +87,9 @@ def create(settings: Settings, layout: WorkerLayout, elastic: ElasticLayout | No
     """The kind of job the executor's arguments ask for."""
     if elastic is None:
         return StaticJob(settings, layout)
+    # Only here: horovod's elastic driver is not loaded for static jobs.
+    from horovod_ray.elastic import ElasticJob
+
     return ElasticJob(settings, elastic, layout)
 
 

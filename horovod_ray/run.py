@@ -10,7 +10,6 @@ import ray
 
 from horovod_ray import calls, local_ray, restarts
 from horovod_ray.errors import ConfigError
-from horovod_ray.executor import RayExecutor
 from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings, is_int
 
 logger = logging.getLogger(__name__)
@@ -92,6 +91,9 @@ def run(
             attempt; the text lists each attempt's cause); ``HangError``, a kind of it,
             when ranks waited on one that never joined their collective.
     """
+    # Here, not at the top: a rank's process imports this module (see __init__).
+    from horovod_ray.executor import RayExecutor
+
     settings = create_settings(timeout_s=timeout_s, nics=nics, stall_timeout_s=stall_timeout_s)
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
@@ -123,7 +125,7 @@ def run(
         job = executor()
         try:
             job.start(extra_env_vars={**env, restarts.ATTEMPT_ENV: str(number)})
-            return job.run_call(call, callbacks)
+            return job._run_call(call, callbacks)
         finally:
             job.stop()
 

@@ -187,6 +187,25 @@ class Counter:
         return self.value
 
 
+def test_a_ranks_process_loads_the_actor_not_the_jobs_side(ray_4cpu, no_leaks):
+    """Its own job: a function of this module, sent by reference, would import the module
+    and with it the executor."""
+    job_side = (
+        "horovod_ray.executor",
+        "horovod_ray.static",
+        "horovod_ray.elastic",
+        "horovod.runner.elastic.driver",
+    )
+
+    def loaded():
+        import sys
+
+        return [name for name in job_side if name in sys.modules]
+
+    with RayExecutor(SETTINGS, num_workers=1) as executor:
+        assert executor.execute_single(lambda _: loaded()) == []
+
+
 def test_executable_cls_is_built_on_every_rank_after_the_env(ray_4cpu, no_leaks):
     with RayExecutor(SETTINGS, num_workers=2) as executor:
         pass

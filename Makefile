@@ -29,7 +29,8 @@ HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHO
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
 PYTEST_ARGS ?=
 
-.PHONY: install test test-suite test-2023 test-subset demo docs lint bench bench-quick bench-lines native clean
+.PHONY: install test test-suite test-2023 test-subset test-bench demo docs lint bench bench-quick \
+	bench-lines native clean
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray._check_install --require-fix
@@ -71,9 +72,12 @@ else
 test: test-suite
 endif
 
+# The benchmark runner's smoke passes (test/test_bench.py, 11 minutes on 2 slow cores) are
+# not in make test, whose time on CI they would take a fifth of: run make test-bench after
+# changing bench/.
 test-suite: install
 	$(PY) -m pytest $(PYTEST_ARGS) $(UNIT_TESTS)
-	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(UNIT_TESTS)) test
+	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(UNIT_TESTS) test/test_bench.py) test
 
 # The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic, horovod's
 # Keras API on real 2-rank jobs, and an elastic Keras run that loses a node.
@@ -86,6 +90,9 @@ test-2023:
 
 test-subset: install
 	$(PY) -m pytest $(PYTEST_ARGS) $(LINE_2023_TESTS)
+
+test-bench: install
+	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py
 
 demo: install
 	$(PY) examples/tensorflow2_digits.py --num-workers 2

@@ -99,7 +99,9 @@ def _print_b8(results: dict) -> None:
         print("B8 fresh script to result, 2 ranks")
         for name, s in results["b8_script_s"].items():
             print(_row(name, s, "s"))
-        print(_row("its ray.init", results["b8_ray_start_s"], "s"))
+        print("  horovod_ray's parts:")
+        for part, s in results["b8_parts_s"].items():
+            print(_row(f"  {part}", s, "s"))
         print(
             f"  b8_ratio_vs_horovodrun {results['b8_ratio_vs_horovodrun']:.3f}; after Ray's "
             f"start {results['b8_after_ray_start_s']:.3f} s"

@@ -2,7 +2,7 @@
 
     python -m bench.run --mode full    # make bench: >= 5 alternating repetitions
     python -m bench.run --mode quick   # make bench-quick: fewer repetitions
-    python -m bench.run --mode smoke   # CI: smallest sizes, one repetition
+    python -m bench.run --mode smoke   # make test-bench: smallest sizes, one repetition
 
 Every comparison runs in this one invocation, alternating the systems within each
 repetition (A, B, C, then B, C, A, ...), so that drift on a shared machine hits all of them.

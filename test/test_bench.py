@@ -55,6 +55,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b8_script_s",
         "b8_ratio_vs_horovodrun",
         "b8_ray_start_s",
+        "b8_parts_s",
         "b6_ratio_vs_restart",
         "b6_grow_s",
         "restart_s",
@@ -71,6 +72,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "horovodrun",
     }
     assert set(figures["b7_script_s"]) == {"horovodrun", "horovod-ray local", "horovod-ray joining"}
+    assert list(figures["b8_parts_s"]) == ["start and imports", "ray.init", "job", "exit"]
     # B6 needs simulated hosts (root, ip netns); without them it says why.
     assert figures.get("b6_skipped") or _numbers(figures["b6_allreduce_mbps"]["horovod_ray"])
     for plot in figures["plots"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -396,6 +397,7 @@ def elastic_host_lost(params: dict) -> dict:
         runner.join(120)
     finally:
         executor.stop()
+        shutil.rmtree(folder, ignore_errors=True)  # the ranks' progress files
     results = outcome.get("results") or []
     return {
         "error": outcome.get("error"),

@@ -8,7 +8,6 @@ rank would load it before it could answer, on its way to the first collective.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from horovod_ray.__version__ import __version__
@@ -32,9 +31,6 @@ from horovod_ray.settings import Settings
 if TYPE_CHECKING:
     from horovod_ray.executor import RayExecutor
 
-# Name -> the module that defines it, imported on first use.
-_LAZY = {"RayExecutor": "horovod_ray.executor"}
-
 __all__ = [
     "ConfigError",
     "ElasticLimitError",
@@ -56,12 +52,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name != "RayExecutor":
         raise AttributeError(f"module 'horovod_ray' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups do not come here
-    return value
+    from horovod_ray.executor import RayExecutor
+
+    globals()[name] = RayExecutor  # once: later lookups do not come here
+    return RayExecutor
 
 
 def __dir__() -> list[str]:

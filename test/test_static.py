@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import WorkerRecord, assign_ranks
 from horovod_ray.static import Member, table
@@ -31,3 +34,15 @@ def test_the_rank_table_has_a_line_per_rank_in_world_rank_order():
     # Each node's ranks see the node's GPUs; a node without GPUs shows '-'.
     assert by_node["node-a"][5] == "-"
     assert {row[5] for row in rows if row[3] == "node-b"} == {"0,1"}
+
+
+def test_a_static_job_does_not_load_horovods_elastic_driver():
+    """The elastic kind is imported for an elastic job only (job.create)."""
+    code = (
+        "import sys; from horovod_ray import RayExecutor; RayExecutor(num_workers=2); "
+        "print(sorted(m for m in ('horovod_ray.elastic', 'horovod.runner.elastic.driver') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

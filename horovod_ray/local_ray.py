@@ -10,6 +10,8 @@ from typing import Any
 
 import ray
 
+from horovod_ray import output
+
 # Without the dashboard (about 0.7 s of Ray's start). A user who wants it, or Ray's state
 # API, calls ray.init() before horovod_ray does. Workers at niceness 0, as horovodrun's
 # ranks run, not Ray's default 15: a rank at 15 loses the CPU to anything else on the
@@ -21,22 +23,38 @@ def start(**options: Any) -> None:
     """Starts a new local Ray instance (never joins one already on the machine), its
     workers at normal priority.
 
-    Ray stops it when the interpreter exits, as for any ``ray.init()``; the autoscaler
-    monitor is stopped first so that this stop is a second shorter. That exit hook is the
-    process's: it also stops first the monitor of a local Ray started later by a plain
-    ``ray.init()``, which is about to stop anyway.
+    It is stopped when the interpreter exits, as for any ``ray.init()``, but sooner:
+    the autoscaler monitor is stopped first (a second shorter), and instead of Ray's
+    fixed 0.5 s sleep for the workers' last lines, the exit waits until they have
+    arrived (see :mod:`horovod_ray.output`). Those exit hooks are the process's: they
+    also serve a local Ray started later by a plain ``ray.init()``.
     """
     ray.init(address="local", **{**OPTIONS, **options})
     # atexit runs hooks last registered first: this one before Ray's own shutdown (once,
     # however many times a local Ray is started).
-    atexit.unregister(stop_monitor)
-    atexit.register(stop_monitor)
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
 
 
 def stop() -> None:
     """Stops the local Ray that ``start`` began."""
     stop_monitor()
     ray.shutdown()
+
+
+def _at_exit() -> None:
+    """Stops a local Ray this process started once the workers' output is all here.
+
+    Ray's own exit hook then finds nothing to do. If some output has not arrived within
+    output.FLUSH_TIMEOUT_S, Ray's hook stops it as usual, after its 0.5 s sleep.
+    """
+    node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
+    if node is None or not node.is_head() or not ray.is_initialized():
+        return
+    flushed = output.flush(node.get_logs_dir_path())
+    stop_monitor(node)
+    if flushed:
+        ray.shutdown()
 
 
 def stop_monitor(node: Any = None) -> None:

@@ -40,14 +40,15 @@ def _shutdown() -> None:
     _current["kind"] = None
 
 
-def start_local_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
-    """A local Ray with the given resources, reused when one like it is already up."""
-    kind = ("local", num_cpus, num_gpus)
+def start_local_ray(num_cpus: int = 4, num_gpus: int = 0, log_to_driver: bool = False) -> None:
+    """A local Ray with the given resources, reused when one like it is already up; the
+    workers' output reaches this process only if ``log_to_driver``."""
+    kind = ("local", num_cpus, num_gpus, log_to_driver)
     if _current["kind"] == kind and ray.is_initialized():
         return
     _shutdown()
     # "local": a new instance, never another Ray that happens to run on this machine.
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=log_to_driver)
     _current["kind"] = kind
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 import horovod_ray
-from horovod_ray import ConfigError, WorkerFailedError
+from horovod_ray import ConfigError, WorkerFailedError, output
 from test.conftest import alive_actors, run_fresh_python
 from test.test_executor import horovod_identity
 
@@ -147,19 +148,52 @@ SPY_ON_RAY_STOP = (
 )
 
 
-def test_run_starts_a_local_ray_when_none_is_running():
-    code = SPY_ON_RAY_STOP + (
-        "import os, ray, horovod_ray\n"
-        "print('RESULT', horovod_ray.run(lambda: (7, os.nice(0)), num_slots=2))\n"
+# Prints when Ray's exit hook takes its fixed sleep for the workers' last lines.
+SPY_ON_RAY_SLEEP = (
+    "import sys, time\n"
+    "_sleep = time.sleep\n"
+    "def _spy_sleep(seconds):\n"
+    "    if sys._getframe(1).f_code.co_name == 'shutdown':\n"
+    "        print('RAY SLEPT', seconds, flush=True)\n"
+    "    _sleep(seconds)\n"
+    "time.sleep = _spy_sleep\n"
+)
+LAST_LINES = 2000
+
+
+def test_run_starts_a_local_ray_which_stops_at_exit_after_the_ranks_last_lines():
+    code = (
+        "import os\n"
+        "os.environ['RAY_DEDUP_LOGS'] = '0'  # every line as printed\n"
+        + SPY_ON_RAY_STOP
+        + SPY_ON_RAY_SLEEP
+        + "import ray, horovod_ray\n"
+        "sys.stderr = sys.stdout  # the ranks' stderr lines too\n"
+        "def train():\n"
+        "    rank = os.environ['HOROVOD_RANK']\n"
+        f"    for i in range({LAST_LINES}):\n"
+        "        print('LINE', rank, i)\n"
+        "    print('ERR', rank, file=sys.stderr)\n"
+        "    print('LAST', rank, end='')  # no newline\n"
+        "    return 7, os.nice(0)\n"
+        "print('RESULT', horovod_ray.run(train, num_slots=2))\n"
         "print('RAY', ray.is_initialized())\n"
     )
     out = run_fresh_python(code, timeout_s=180)
     # The ranks run at niceness 0, as horovodrun's do (Ray's default for workers is 15).
     assert "RESULT [(7, 0), (7, 0)]" in out
     assert "RAY True" in out
-    # Ray stops it at exit, monitor first: stopped after the GCS, the monitor's SIGTERM
+    # Ray is stopped at exit, monitor first: stopped after the GCS, the monitor's SIGTERM
     # handler waits on the gone GCS until Ray kills it a second later.
     assert "STOP gcs_server monitor running: False" in out
+    # Every line the ranks printed arrived before Ray stopped, without Ray's blind sleep
+    # for them, and no marker of the wait shows.
+    lines = re.findall(r"LINE (\d) (\d+)", out)
+    assert sorted(lines) == sorted((r, str(i)) for r in "01" for i in range(LAST_LINES))
+    for rank in "01":
+        assert f"ERR {rank}" in out and f"LAST {rank}" in out
+    assert "RAY SLEPT" not in out
+    assert output.MARKER not in out
 
 
 def test_local_ray_stop_ends_the_monitor_before_the_gcs():

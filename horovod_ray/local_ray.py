@@ -6,17 +6,22 @@ Only what a one-off job needs, and a faster stop: see docs/benchmarks.rst, B8.
 from __future__ import annotations
 
 import atexit
+import logging
 from typing import Any
 
 import ray
 
-from horovod_ray import output
+from horovod_ray import worker_output
+
+logger = logging.getLogger(__name__)
 
 # Without the dashboard (about 0.7 s of Ray's start). A user who wants it, or Ray's state
 # API, calls ray.init() before horovod_ray does. Workers at niceness 0, as horovodrun's
 # ranks run, not Ray's default 15: a rank at 15 loses the CPU to anything else on the
 # machine, Ray's own daemons included (docs/benchmarks.rst, "Rank priority").
 OPTIONS: dict[str, Any] = {"include_dashboard": False, "_system_config": {"worker_niceness": 0}}
+# Whether start() ran in this process: only then does the exit hook below act.
+_started = False
 
 
 def start(**options: Any) -> None:
@@ -26,14 +31,12 @@ def start(**options: Any) -> None:
     It is stopped when the interpreter exits, as for any ``ray.init()``, but sooner:
     the autoscaler monitor is stopped first (a second shorter), and instead of Ray's
     fixed 0.5 s sleep for the workers' last lines, the exit waits until they have
-    arrived (see :mod:`horovod_ray.output`). Those exit hooks are the process's: they
-    also serve a local Ray started later by a plain ``ray.init()``.
+    arrived (see :mod:`horovod_ray.worker_output`). That exit hook is the process's: it
+    also serves a local Ray started later by a plain ``ray.init()``.
     """
+    global _started
     ray.init(address="local", **{**OPTIONS, **options})
-    # atexit runs hooks last registered first: this one before Ray's own shutdown (once,
-    # however many times a local Ray is started).
-    atexit.unregister(_at_exit)
-    atexit.register(_at_exit)
+    _started = True
 
 
 def stop() -> None:
@@ -43,18 +46,29 @@ def stop() -> None:
 
 
 def _at_exit() -> None:
-    """Stops a local Ray this process started once the workers' output is all here.
+    """Stops the local Ray this process started once the workers' output is all here.
 
     Ray's own exit hook then finds nothing to do. If some output has not arrived within
-    output.FLUSH_TIMEOUT_S, Ray's hook stops it as usual, after its 0.5 s sleep.
+    worker_output.FLUSH_TIMEOUT_S, Ray's hook stops it as usual, after its 0.5 s sleep.
     """
     node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
-    if node is None or not node.is_head() or not ray.is_initialized():
-        return
-    flushed = output.flush(node.get_logs_dir_path())
-    stop_monitor(node)
+    if not _started or node is None or not node.is_head() or not ray.is_initialized():
+        return  # nothing started here, a Ray this process joined, or Ray Client
+    flushed = False
+    try:
+        flushed = worker_output.flush(node.get_logs_dir_path())
+    except Exception:  # noqa: BLE001 - at exit, Ray's own hook is the fallback
+        logger.debug("waiting for the workers' last lines failed", exc_info=True)
+    finally:
+        stop_monitor(node)
     if flushed:
         ray.shutdown()
+
+
+# Registered on import, which comes after Ray's own hook is registered (on Ray's import),
+# so that it runs just before Ray's: atexit runs hooks last registered first. A user's
+# hook registered later still finds Ray running.
+atexit.register(_at_exit)
 
 
 def stop_monitor(node: Any = None) -> None:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 import horovod_ray
-from horovod_ray import ConfigError, WorkerFailedError, output
+from horovod_ray import ConfigError, WorkerFailedError, worker_output
 from test.conftest import alive_actors, run_fresh_python
 from test.test_executor import horovod_identity
 
@@ -193,7 +193,7 @@ def test_run_starts_a_local_ray_which_stops_at_exit_after_the_ranks_last_lines()
     for rank in "01":
         assert f"ERR {rank}" in out and f"LAST {rank}" in out
     assert "RAY SLEPT" not in out
-    assert output.MARKER not in out
+    assert worker_output.MARKER not in out
 
 
 def test_local_ray_stop_ends_the_monitor_before_the_gcs():

@@ -1,4 +1,4 @@
-"""horovod_ray.output: the markers that tell when the workers' output has all arrived.
+"""horovod_ray.worker_output: the markers that tell when the workers' output has all arrived.
 
 The exit of a script whose local Ray run() started is tested in test_run.py.
 """
@@ -14,8 +14,8 @@ import pytest
 import ray
 
 import horovod_ray
-from horovod_ray import output
-from horovod_ray.output import MARKER, Markers
+from horovod_ray import worker_output
+from horovod_ray.worker_output import MARKER, Markers, serves_job
 from test.conftest import start_local_ray
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,14 +26,15 @@ def test_markers_are_taken_out_and_noted():
     token = markers.new_token()
     lines = ["a", f"{MARKER}{token}:0", "b", f"{MARKER}{token}:1"]
     assert markers.take_out(lines) == ["a", "b"]
-    assert markers.wait(token, 2, timeout_s=0)
+    assert markers.wait(token, 2, timeout_s=0) == 2
 
 
 def test_a_last_line_without_newline_is_kept_in_front_of_its_marker():
     markers = Markers()
     token = markers.new_token()
-    assert markers.take_out([f"loss 0.5{MARKER}{token}:0"]) == ["loss 0.5"]
-    assert markers.wait(token, 1, timeout_s=0)
+    lines = [f"loss 0.5{MARKER}{token}:0", f"says {MARKER}{MARKER}{token}:1"]
+    assert markers.take_out(lines) == ["loss 0.5", f"says {MARKER}"]
+    assert markers.wait(token, 2, timeout_s=0) == 2
 
 
 @pytest.mark.parametrize(
@@ -50,7 +51,7 @@ def test_lines_that_are_not_this_process_markers_are_printed(line):
     token = markers.new_token()
     line = line.replace("TOKEN", token)
     assert markers.take_out([line]) == [line]
-    assert not markers.wait(token, 1, timeout_s=0)
+    assert markers.wait(token, 1, timeout_s=0) == 0
 
 
 def test_a_wait_ends_when_the_last_marker_arrives_or_at_its_timeout():
@@ -59,8 +60,33 @@ def test_a_wait_ends_when_the_last_marker_arrives_or_at_its_timeout():
     arrive = threading.Timer(0.05, markers.take_out, args=([f"{MARKER}{token}:1"],))
     arrive.start()
     assert markers.take_out([f"{MARKER}{token}:0"]) == []
-    assert markers.wait(token, 2, timeout_s=30)
-    assert not markers.wait(token, 3, timeout_s=0.01)
+    assert markers.wait(token, 2, timeout_s=30) == 2
+    assert markers.wait(token, 3, timeout_s=0.01) == 2
+
+
+W = "worker-6f5905e1"  # a worker id, shortened
+
+
+@pytest.mark.parametrize(
+    ("name", "head", "marked"),
+    [
+        (f"{W}-01000000-6868.out", None, True),  # named for this job: head not read
+        (f"/tmp/ray/logs/{W}-01000000-6868.err", None, True),
+        (f"{W}-02000000-6868.out", None, False),  # another driver's worker
+        (f"{W}-ffffffff-6868.out", ":job_id:01000000\n:actor_name:Worker\n", True),
+        (f"{W}-ffffffff-6868.out", "a warning\n:job_id:01000000\n", True),
+        (f"{W}-ffffffff-6868.out", ":job_id:02000000\n", False),  # went to another job
+        (f"{W}-ffffffff-6868.out", "", False),  # never given a job: nothing to wait for
+        (f"{W}-ffffffff-6868.out", "print(':job_id:01000000')\n", False),
+        ("worker-odd.out", None, False),
+    ],
+)
+def test_a_worker_file_is_marked_only_if_it_serves_this_job(name, head, marked):
+    def read_head() -> str:
+        assert head is not None, "the file's head was read where the name decides"
+        return head
+
+    assert serves_job(name, "01000000", read_head) is marked
 
 
 def _logs_dir() -> str:
@@ -73,10 +99,11 @@ def _worker_logs() -> list[str]:
 
 def test_a_flush_with_nothing_forwarded_writes_nothing(ray_4cpu):
     # The fixture's Ray has log_to_driver=False: no worker line comes to this process.
-    assert not output.forwarded()
+    assert not worker_output.forwarded()
+    ray.get(ray.remote(os.getpid).remote())  # at least one worker with log files
     sizes = {path: os.path.getsize(path) for path in _worker_logs()}
     assert sizes
-    assert output.flush(_logs_dir())
+    assert worker_output.flush(_logs_dir())
     assert {path: os.path.getsize(path) for path in sizes} == sizes
 
 
@@ -94,12 +121,13 @@ def test_a_flush_waits_for_every_worker_file_and_prints_no_marker(ray_forwarding
         return os.getpid()
 
     pid = ray.get(shout.remote())
-    assert output.flush(_logs_dir())
+    assert worker_output.forwarded()
+    assert worker_output.flush(_logs_dir())
     # Every line written before the flush has been printed when it returns...
     printed = capfd.readouterr()
     assert "SHOUT before the flush" in printed.out
     assert MARKER not in printed.out + printed.err
-    # ...and each worker's log file, that task's among them, ends with a marker.
+    # ...and that task's log file ends with a marker.
     (shouter,) = [path for path in _worker_logs() if path.endswith(f"-{pid}.out")]
     with open(shouter, encoding="utf-8") as log:
         assert log.read().splitlines()[-1].startswith(MARKER)

@@ -100,7 +100,7 @@ def _worker_logs() -> list[str]:
 def test_a_flush_with_nothing_forwarded_writes_nothing(ray_4cpu):
     # The fixture's Ray has log_to_driver=False: no worker line comes to this process.
     assert not worker_output.forwarded()
-    ray.get(ray.remote(os.getpid).remote())  # at least one worker with log files
+    ray.get(ray.remote(lambda: os.getpid()).remote())  # a worker with log files, at least
     sizes = {path: os.path.getsize(path) for path in _worker_logs()}
     assert sizes
     assert worker_output.flush(_logs_dir())

@@ -169,17 +169,20 @@ def flush(logs_dir: str, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
     started = time.monotonic()
     job = ray.get_runtime_context().get_job_id()
     token = _markers.new_token()
+    with os.scandir(logs_dir) as entries:
+        paths = [
+            entry.path
+            for entry in entries
+            if entry.name.startswith("worker-") and entry.name.endswith((".out", ".err"))
+        ]
     written = 0
-    for entry in sorted(os.scandir(logs_dir), key=lambda e: e.name):
-        name = entry.name
-        if not (name.startswith("worker-") and name.endswith((".out", ".err"))):
-            continue
+    for path in paths:
         try:
-            if not serves_job(name, job, functools.partial(_head, entry.path)):
+            if not serves_job(path, job, functools.partial(_head, path)):
                 continue
         except OSError:
             continue  # moved away meanwhile: its worker is gone
-        if _append(entry.path, f"{MARKER}{token}:{written}\n"):
+        if _append(path, f"{MARKER}{token}:{written}\n"):
             written += 1
     arrived = _markers.wait(token, written, timeout_s)
     logger.debug(

@@ -31,16 +31,13 @@ MARKER = "horovod_ray-output-flushed:"
 # The longest flush() waits for the markers; on the way to a faster exit, so short.
 FLUSH_TIMEOUT_S = 2.0
 # Ray's name in a worker log file for workers started before any job was given to them;
-# such a file says which job it serves in a line of its own (Ray's ":job_id:" prefix).
+# such a file says which job it serves in a line of its own, Ray's JOB_LINE and the id.
 NO_JOB = "ffffffff"
-JOB_LINE = ":job_id:"
+JOB_LINE = ray._private.ray_constants.LOG_PREFIX_JOB_ID  # noqa: SLF001 - ":job_id:"
 # How much of such a file is read for that line: Ray writes it when the job's first task
 # arrives, before any of the job's output.
 HEAD_BYTES = 64 * 1024
 _FILTER_NAME = "horovod_ray_output_markers"
-# Ray's name for its handler that prints workers' lines: present only while they are
-# forwarded to this process (ray.init(log_to_driver=True), the default).
-_RAY_PRINT_HANDLER = "ray_print_logs"
 
 
 class Markers:
@@ -125,11 +122,11 @@ def install_filter() -> None:
 
 
 def forwarded() -> bool:
-    """Whether the workers' output is printed by this process (Ray's ``log_to_driver``)
-    and Ray's thread that receives it is still running."""
+    """Whether the workers' output is printed by this process: Ray's thread that receives
+    it runs (it is started, with Ray's printing handler, only for ``log_to_driver``, the
+    default, and ends at ``ray.shutdown()`` or on a broken connection)."""
     thread = getattr(ray._private.worker.global_worker, "logger_thread", None)  # noqa: SLF001
-    has_printer = any(name == _RAY_PRINT_HANDLER for name, _ in _dispatcher().handlers)
-    return has_printer and thread is not None and thread.is_alive()
+    return thread is not None and thread.is_alive()
 
 
 def _head(path: str) -> str:

@@ -1,9 +1,10 @@
 """B2: cold start, from creating the job to the first allreduce result on every rank.
 
-Framework import included, on each of the mode's worker counts: horovod_ray, horovod.ray,
-Ray Train's ``HorovodTrainer`` and ``horovodrun``, with the import floor (fresh processes
-that only import TensorFlow and horovod) in the same rotation. Each run starts once the
-previous run's worker processes are gone (``alternate(..., settle=True)``).
+Framework import included, on each of the mode's worker counts: horovod_ray and
+horovod.ray, with the import floor (fresh processes that only import TensorFlow and
+horovod) in the same rotation; Ray Train's ``HorovodTrainer`` and ``horovodrun`` join it
+at the mode's ``b2_peer_workers``. Each run starts once the previous run's worker
+processes are gone (``alternate(..., settle=True)``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def b2(mode: Mode) -> dict:
     }
     for workers in mode.b2_workers:
         print(f"B2 cold start to first allreduce, {workers} workers", flush=True)
-        runs = alternate(_systems(workers), mode.reps, settle=True)
+        runs = alternate(_systems(workers, workers in mode.b2_peer_workers), mode.reps, settle=True)
         floor = runs.pop("import floor")
         key = str(workers)
         out["b2_floor_s"][key] = summary(floor)
@@ -81,18 +82,22 @@ def b2(mode: Mode) -> dict:
         }
         out["b2_cold_start_s"][key] = {name: summary(values) for name, values in runs.items()}
         out["b2_ratio_vs_horovod_ray"][key] = ratio(runs["horovod_ray"], runs["horovod.ray"])
-        out["b2_ratio_vs_horovod_trainer"][key] = ratio(runs["horovod_ray"], runs["HorovodTrainer"])
+        if "HorovodTrainer" in runs:
+            out["b2_ratio_vs_horovod_trainer"][key] = ratio(
+                runs["horovod_ray"], runs["HorovodTrainer"]
+            )
     return out
 
 
-def _systems(workers: int) -> dict[str, Callable[[], float]]:
-    """Each system's cold start on ``workers`` ranks, and the import floor beside them."""
+def _systems(workers: int, with_peers: bool) -> dict[str, Callable[[], float]]:
+    """Each system's cold start on ``workers`` ranks, and the import floor beside them;
+    ``HorovodTrainer`` and ``horovodrun`` only ``with_peers``."""
 
     def measure(run: Callable[[], list[float]]) -> float:
         start = time.time()
         return cold_start_s(start, run())
 
-    return {
+    systems = {
         "horovod_ray": lambda: measure(lambda: horovod_ray_run(workers, workloads.first_allreduce)),
         "horovod.ray": lambda: measure(lambda: reference_run(workers, workloads.first_allreduce)),
         "HorovodTrainer": lambda: measure(lambda: [horovod_trainer_first_allreduce(workers)]),
@@ -101,3 +106,6 @@ def _systems(workers: int) -> dict[str, Callable[[], float]]:
         ),
         "import floor": lambda: measure(lambda: import_floor(workers)),
     }
+    if not with_peers:
+        del systems["HorovodTrainer"], systems["horovodrun"]
+    return systems

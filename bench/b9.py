@@ -25,8 +25,8 @@ HANG_TIMEOUT_S = 4
 
 def b9(mode: Mode) -> dict:
     print("B9 restart after a rank dies; hang detection", flush=True)
-    runs = alternate({"run(max_restarts=1)": _restarted, "by hand": _by_hand}, mode.reps)
-    hangs = [_hang_detected() for _ in range(mode.reps)]
+    runs = alternate({"run(max_restarts=1)": _restarted, "by hand": _by_hand}, mode.b9_reps)
+    hangs = [_hang_detected() for _ in range(mode.b9_reps)]
     return {
         "b9_restart_s": {name: summary(values) for name, values in runs.items()},
         "restart_s": summary(runs["run(max_restarts=1)"]),

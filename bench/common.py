@@ -40,11 +40,12 @@ NUM_CPUS = 4
 class Mode:
     """Sizes and repetitions of every benchmark in one ``--mode``."""
 
-    reps: int
+    reps: int  # B1, B2 and B3
     b1_bytes: int
     b1_iters: int
     b1_warmup: int
     b2_workers: tuple[int, ...]
+    b2_peer_workers: tuple[int, ...]  # where B2 also runs HorovodTrainer and horovodrun
     b3_calls: int
     b4_trials: int
     b4_reps: int  # each repetition is two whole Tune runs; see docs/benchmarks.rst
@@ -53,6 +54,7 @@ class Mode:
     b6_reps: int  # B6 across simulated hosts: each repetition starts a driver there
     b6e_reps: int
     script_reps: int  # B7 and B8: whole scripts, each a few seconds
+    b9_reps: int  # each repetition: a restart, a restart by hand and a hang
     scale_sizes: tuple[int, ...]  # --only scale: simulated ranks (see bench/scale.py)
     scale_reps: int
     scale_deadline_s: float  # a rendezvous still going then is recorded as bound
@@ -61,23 +63,26 @@ class Mode:
 
 MODES = {
     "full": Mode(
-        reps=5, b1_bytes=64 << 20, b1_iters=40, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
-        b4_trials=8, b4_reps=2, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4)),
-        b5_reps=1, b6_reps=3, b6e_reps=3, script_reps=3,
+        reps=5, b1_bytes=64 << 20, b1_iters=20, b1_warmup=3, b2_workers=(2, 4),
+        b2_peer_workers=(2,), b3_calls=300, b4_trials=4, b4_reps=1,
+        b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4)), b5_reps=1, b6_reps=2,
+        b6e_reps=2, script_reps=2, b9_reps=2,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=3, scale_deadline_s=60,
         scale_start_sizes=(8, 16, 32),
     ),
+    # One repetition of each comparison: a pair per ratio, no spreads (see "How to run").
     "quick": Mode(
-        reps=2, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,), b3_calls=100,
-        b4_trials=4, b4_reps=1, b5_points=(), b5_reps=1, b6_reps=2, b6e_reps=1,
-        script_reps=2, scale_sizes=(64, 256, 1024, 4096), scale_reps=1, scale_deadline_s=60,
+        reps=1, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,),
+        b2_peer_workers=(2,), b3_calls=100, b4_trials=2, b4_reps=1, b5_points=(), b5_reps=1,
+        b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
+        scale_sizes=(64, 256, 1024, 4096), scale_reps=1, scale_deadline_s=60,
         scale_start_sizes=(8, 16, 32),
     ),
     "smoke": Mode(
-        reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,
-        b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1, b6_reps=1, b6e_reps=1,
-        script_reps=1, scale_sizes=(16, 64), scale_reps=1, scale_deadline_s=20,
-        scale_start_sizes=(4,),
+        reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,),
+        b2_peer_workers=(2,), b3_calls=20, b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)),
+        b5_reps=1, b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
+        scale_sizes=(16, 64), scale_reps=1, scale_deadline_s=20, scale_start_sizes=(4,),
     ),
 }  # fmt: skip
 

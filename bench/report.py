@@ -30,7 +30,8 @@ def _print_b9(results: dict) -> None:
 
 
 def _row(name: str, s: dict, unit: str) -> str:
-    return f"  {name:<18} {s['median']:10.3f} {unit:<5} ({s['min']:.3f} - {s['max']:.3f})"
+    spread = "(one run)" if len(s["runs"]) == 1 else f"({s['min']:.3f} - {s['max']:.3f})"
+    return f"  {name:<18} {s['median']:10.3f} {unit:<5} {spread}"
 
 
 def _print_b1(results: dict) -> None:
@@ -48,9 +49,10 @@ def _print_b2(results: dict) -> None:
         print(f"B2 cold start, {workers} workers")
         for name, s in systems.items():
             print(_row(name, s, "s"))
+        trainer = results["b2_ratio_vs_horovod_trainer"].get(workers)
         print(
             f"  ratio vs horovod.ray {results['b2_ratio_vs_horovod_ray'][workers]:.3f}"
-            f"  vs HorovodTrainer {results['b2_ratio_vs_horovod_trainer'][workers]:.3f}"
+            + (f"  vs HorovodTrainer {trainer:.3f}" if trainer is not None else "")
         )
         if workers in results.get("b2_floor_s", {}):
             above = results["b2_overhead_above_floor_s"][workers]

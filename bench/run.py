@@ -1,7 +1,7 @@
 """Side-by-side benchmarks: horovod_ray against what a user would otherwise pick.
 
-    python -m bench.run --mode full    # make bench: >= 5 alternating repetitions
-    python -m bench.run --mode quick   # make bench-quick: fewer repetitions
+    python -m bench.run --mode full    # make bench: 5 alternating repetitions (2 for some)
+    python -m bench.run --mode quick   # make bench-quick: one repetition, fewer points
     python -m bench.run --mode smoke   # make test-bench: smallest sizes, one repetition
 
 Every comparison runs in this one invocation, alternating the systems within each

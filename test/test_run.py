@@ -169,12 +169,14 @@ def test_run_starts_a_local_ray_which_stops_at_exit_after_the_ranks_last_lines()
         + SPY_ON_RAY_SLEEP
         + "import ray, horovod_ray\n"
         "sys.stderr = sys.stdout  # the ranks' stderr lines too\n"
+        # One write a line: print() writes its parts one by one, each flushed, and Ray's
+        # log monitor may read between two of them and forward the line in two pieces.
         "def train():\n"
         "    rank = os.environ['HOROVOD_RANK']\n"
         f"    for i in range({LAST_LINES}):\n"
-        "        print('LINE', rank, i)\n"
-        "    print('ERR', rank, file=sys.stderr)\n"
-        "    print('LAST', rank, end='')  # no newline\n"
+        "        sys.stdout.write(f'LINE {rank} {i}\\n')\n"
+        "    sys.stderr.write(f'ERR {rank}\\n')\n"
+        "    sys.stdout.write(f'LAST {rank}')  # no newline\n"
         "    return 7, os.nice(0)\n"
         "print('RESULT', horovod_ray.run(train, num_slots=2))\n"
         "print('RAY', ray.is_initialized())\n"

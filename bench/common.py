@@ -45,7 +45,6 @@ class Mode:
     b1_iters: int
     b1_warmup: int
     b2_workers: tuple[int, ...]
-    b2_peer_workers: tuple[int, ...]  # where B2 also runs HorovodTrainer and horovodrun
     b3_calls: int
     b4_trials: int
     b4_reps: int  # each repetition is two whole Tune runs; see docs/benchmarks.rst
@@ -63,25 +62,24 @@ class Mode:
 
 MODES = {
     "full": Mode(
-        reps=5, b1_bytes=64 << 20, b1_iters=20, b1_warmup=3, b2_workers=(2, 4),
-        b2_peer_workers=(2,), b3_calls=300, b4_trials=4, b4_reps=1,
-        b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4)), b5_reps=1, b6_reps=2,
-        b6e_reps=2, script_reps=2, b9_reps=2,
+        reps=5, b1_bytes=64 << 20, b1_iters=20, b1_warmup=3, b2_workers=(2, 4), b3_calls=300,
+        b4_trials=4, b4_reps=1, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4)), b5_reps=1,
+        b6_reps=2, b6e_reps=2, script_reps=2, b9_reps=2,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=3, scale_deadline_s=60,
         scale_start_sizes=(8, 16, 32),
     ),
     # One repetition of each comparison: a pair per ratio, no spreads (see "How to run").
     "quick": Mode(
-        reps=1, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,),
-        b2_peer_workers=(2,), b3_calls=100, b4_trials=2, b4_reps=1, b5_points=(), b5_reps=1,
+        reps=1, b1_bytes=64 << 20, b1_iters=10, b1_warmup=2, b2_workers=(2,), b3_calls=100,
+        b4_trials=2, b4_reps=1, b5_points=(), b5_reps=1,
         b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=1, scale_deadline_s=60,
         scale_start_sizes=(8, 16, 32),
     ),
     "smoke": Mode(
-        reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,),
-        b2_peer_workers=(2,), b3_calls=20, b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)),
-        b5_reps=1, b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
+        reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,
+        b4_trials=2, b4_reps=1, b5_points=((1, 1), (2, 2)), b5_reps=1,
+        b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
         scale_sizes=(16, 64), scale_reps=1, scale_deadline_s=20, scale_start_sizes=(4,),
     ),
 }  # fmt: skip

@@ -181,11 +181,12 @@ def _stored(payload: bytes | None) -> bytes | ray.ObjectRef | None:
     return payload
 
 
-def send(worker: Any, message: Message) -> ray.ObjectRef:
-    """Starts ``message`` on one rank's actor."""
+def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRef:
+    """Starts ``message`` on one rank's actor; with ``as_raised``, its ref holds what the
+    function raised as it was raised, not as a ``RankError`` (see Worker.call)."""
     if message.again:
-        return worker.again.remote()
-    return worker.call.remote(message.call_id, message.key, message.fn, message.args)
+        return worker.again.remote(as_raised)
+    return worker.call.remote(message.call_id, message.key, message.fn, message.args, as_raised)
 
 
 # ---------------------------------------------------------------------- the ranks' half

@@ -6,7 +6,11 @@ Every error derives from :class:`HorovodRayError`. Errors may cross process boun
 
 from __future__ import annotations
 
+import traceback
+from types import TracebackType
 from typing import Mapping
+
+import cloudpickle
 
 
 class HorovodRayError(Exception):
@@ -113,6 +117,59 @@ class HangError(WorkerFailedError):
 
     def __reduce__(self):
         return (type(self), (self.failures, str(self), self.missing, self.waiting))
+
+
+class RankError(HorovodRayError):
+    """What a rank's function raised, as the driver receives it: the exception's type,
+    message and traceback as text, and the exception itself still pickled.
+
+    The rank sends this in place of its exception, so that reading a failure never
+    imports the module that defines it: a TensorFlow error would make the driver import
+    TensorFlow (seconds) before it could stop the job and restart it. It is the
+    ``__cause__`` of the ``WorkerFailedError`` that names the rank.
+
+    Attributes:
+        type_name: The exception's class (``ValueError``, ``module.Class`` outside the
+            builtins).
+        text: The traceback as the rank printed it, ending in ``Type: message``.
+    """
+
+    def __init__(self, type_name: str, text: str, pickled: bytes | None = None) -> None:
+        super().__init__(type_name, text, pickled)
+        self.type_name, self.text, self._pickled = type_name, text, pickled
+
+    def __str__(self) -> str:
+        return self.text
+
+    @classmethod
+    def of(cls, err: BaseException, frames: TracebackType | None) -> RankError:
+        """``err``, with its traceback from ``frames`` on (the rank's own frames cut)."""
+        module, name = type(err).__module__, type(err).__qualname__
+        try:
+            pickled = cloudpickle.dumps(err)
+        except Exception:  # noqa: BLE001 - the text still says what happened
+            pickled = None
+        return cls(
+            name if module == "builtins" else f"{module}.{name}",
+            "".join(traceback.format_exception(type(err), err, frames)).rstrip("\n"),
+            pickled,
+        )
+
+    def original(self) -> BaseException:
+        """The exception the rank raised, unpickled here (importing its module).
+
+        Raises:
+            HorovodRayError: It could not be pickled on the rank, or cannot be
+                unpickled here.
+        """
+        if self._pickled is None:
+            raise HorovodRayError(f"the rank's {self.type_name} could not be pickled")
+        try:
+            return cloudpickle.loads(self._pickled)
+        except Exception as err:
+            raise HorovodRayError(
+                f"the rank's {self.type_name} cannot be unpickled here: {err}"
+            ) from err
 
 
 def describe_failures(failures: Mapping[int, str]) -> str:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from horovod_ray.errors import RankError
 from horovod_ray.failures import RankView, Seen, Snapshot, wholly_lost_nodes
 
 # After a failure, seconds a rank (or a node) gets to answer before it is taken as lost.
@@ -28,12 +29,26 @@ LOST_RECHECK_S = 1.0
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def unwrapped(err: BaseException) -> BaseException:
+    """The :class:`RankError` a rank sent, out of Ray's wrapping; any other error as it is."""
+    if isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, RankError):
+        return err.cause
+    return err
+
+
+def text_of(err: BaseException) -> str:
+    """What a rank's error says: a :class:`RankError`'s traceback, else Ray's text."""
+    err = unwrapped(err)
+    if isinstance(err, RankError):
+        return err.text
+    return _ANSI.sub("", str(err))  # Ray colours its traceback headers
+
+
 def describe(err: BaseException, where: str) -> str:
     """One rank's failure as a message line: what happened, where, the original text."""
-    text = _ANSI.sub("", str(err))  # Ray colours its traceback headers
     if isinstance(err, ray.exceptions.RayActorError):
-        return f"process died {where}: {text}"
-    return f"raised {where}:\n{text}"
+        return f"process died {where}: {text_of(err)}"
+    return f"raised {where}:\n{text_of(err)}"
 
 
 def error_of(ref: ray.ObjectRef) -> BaseException | None:
@@ -130,7 +145,7 @@ def probe(
             RankView(
                 node_id=node_ids[rank],
                 where=wheres[rank],
-                raised=None if err is None else _ANSI.sub("", str(err)),
+                raised=None if err is None else text_of(err),
                 seen=state,
                 lost_text=text,
                 joined=None if joined is None else rank in joined,
@@ -141,7 +156,8 @@ def probe(
     wholly = wholly_lost_nodes(snapshot)
     if wholly and len(wholly) < len(set(node_ids)):
         snapshot = dataclasses.replace(snapshot, node_alive=_nodes_alive(wholly))
-    return snapshot, next(iter(raised.values()), None)
+    first = next(iter(raised.values()), None)
+    return snapshot, None if first is None else unwrapped(first)
 
 
 def _ping(

@@ -291,9 +291,10 @@ class StaticJob:
         }
 
     def send(self, call: calls.Call) -> list[ray.ObjectRef]:
-        """Starts ``call`` on every rank without waiting; one ref per rank."""
+        """Starts ``call`` on every rank without waiting; one ref per rank, holding what
+        the function returned or, as it was raised, what it raised."""
         message = self._dispatcher.message(call)
-        return [calls.send(actor, message) for actor in self.actors]
+        return [calls.send(actor, message, as_raised=True) for actor in self.actors]
 
     def _fail(
         self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], None]
@@ -369,7 +370,7 @@ def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = 
             if err is not None:
                 where = probe.describe(err, members[index].node.where) if members else str(err)
                 failed[index] = f"failed to {what}: {where}"
-        raise WorkerFailedError(failed) from first
+        raise WorkerFailedError(failed) from probe.unwrapped(first)
 
 
 def release(held: Held, grace_s: float) -> None:

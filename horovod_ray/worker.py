@@ -24,6 +24,7 @@ import ray
 from horovod_ray import logs
 from horovod_ray._stack import gloo_iface_fixed
 from horovod_ray.calls import RankCalls, invoke
+from horovod_ray.errors import RankError
 from horovod_ray.network import (
     NodeFacts,
     hostname_address,
@@ -75,20 +76,37 @@ class Worker:
             cls, args, kwargs = cloudpickle.loads(executable)
             self._executable = cls(*args, **kwargs)
 
-    def call(self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None) -> Any:
-        """Runs one call (see calls.Message): ``fn(executable)`` or ``fn(*args)``."""
-        function, arguments = self._calls.resolve(call_id, key, fn, args)
-        return self._run(call_id, function, arguments)
+    def call(
+        self,
+        call_id: int,
+        key: int | None,
+        fn: bytes | None,
+        args: bytes | None,
+        as_raised: bool = False,
+    ) -> Any:
+        """Runs one call (see calls.Message): ``fn(executable)`` or ``fn(*args)``.
 
-    def again(self) -> Any:
+        What the function raises goes back as a :class:`RankError`, read on the driver
+        without importing the exception's module; ``as_raised`` sends the exception
+        itself (``run_remote``: the caller reads the refs and may catch its type).
+        """
+        function, arguments = self._calls.resolve(call_id, key, fn, args)
+        return self._run(call_id, function, arguments, as_raised)
+
+    def again(self, as_raised: bool = False) -> Any:
         """Runs the last call again, as the next call id (see calls.Dispatcher)."""
         call_id, function, arguments = self._calls.repeat()
-        return self._run(call_id, function, arguments)
+        return self._run(call_id, function, arguments, as_raised)
 
-    def _run(self, call_id: int, function: Any, arguments: bytes | None) -> Any:
+    def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)
         try:
             return invoke(function, arguments, self._executable)
+        except Exception as err:
+            if as_raised:
+                raise
+            # From the frame below this one: what ran the function and the function's own.
+            raise RankError.of(err, err.__traceback__.tb_next) from None
         finally:
             logs.end(call_id)
 

@@ -103,6 +103,23 @@ class TestRunningJob:
         assert all(isinstance(ref, ray.ObjectRef) for ref in refs)
         assert ray.get(refs) == [0, 1, 2]
 
+    def test_run_remote_refs_raise_the_ranks_own_exception(self, executor, tmp_path):
+        flag = tmp_path / "raise"
+
+        def maybe_raises(path):
+            if os.path.exists(path) and os.environ["HOROVOD_RANK"] == "1":
+                raise KeyError("rank 1's own")
+            return os.environ["HOROVOD_RANK"]
+
+        # The first time it returns; the second goes as a repeat of that call.
+        assert executor.run(maybe_raises, args=[str(flag)]) == ["0", "1", "2"]
+        flag.touch()
+        refs = executor.run_remote(maybe_raises, args=[str(flag)])
+        with pytest.raises(KeyError, match="rank 1's own"):
+            ray.get(refs[1])
+        assert ray.get(refs[0]) == "0"
+        assert executor.run(len, args=[()]) == [0, 0, 0]  # the job goes on
+
     def test_execute_single_runs_on_rank_zero_and_returns_a_value(self, executor):
         assert executor.execute_single(lambda _: os.environ["HOROVOD_RANK"]) == "0"
 

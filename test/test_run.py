@@ -52,6 +52,37 @@ def test_a_failure_still_stops_everything(ray_4cpu, no_leaks):
     assert list(info.value.failures) == [1]
 
 
+def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflow():
+    # Unpickling the error itself would import TensorFlow in the driver: seconds before the
+    # failed job could be stopped, or restarted.
+    code = (
+        "import os, sys, horovod_ray\n"
+        "def train():\n"
+        "    import tensorflow as tf\n"
+        "    if os.environ['HOROVOD_RANK'] == '1':\n"
+        "        raise tf.errors.UnknownError(None, None, 'the collective broke')\n"
+        "try:\n"
+        "    horovod_ray.run(train, num_slots=2)\n"
+        "except horovod_ray.WorkerFailedError as err:\n"
+        "    print('TENSORFLOW', 'tensorflow' in sys.modules)\n"
+        "    print('FAILED', list(err.failures))\n"
+        "    print('TEXT', repr(err.failures[1]))\n"
+        "    cause = err.__cause__\n"
+        "    print('CAUSE', type(cause).__name__, cause.type_name)\n"
+        "    original = cause.original()\n"
+        "    print('ORIGINAL', type(original).__name__, original.message)\n"
+    )
+    out = run_fresh_python(code, timeout_s=180)
+    assert "TENSORFLOW False" in out
+    assert "FAILED [1]" in out
+    text = re.search(r"TEXT (.*)", out).group(1)  # the rank's traceback, without Ray's
+    assert "Traceback (most recent call last)" in text and "in train" in text, text
+    assert "tensorflow.python.framework.errors_impl.UnknownError: the collective broke" in text
+    assert "ray::" not in text
+    assert "CAUSE RankError tensorflow.python.framework.errors_impl.UnknownError" in out
+    assert "ORIGINAL UnknownError the collective broke" in out
+
+
 def _resumes_from_its_checkpoint(folder: str) -> tuple[int, int]:
     """Four steps, rank 0 checkpointing each; in the first attempt rank 1 dies after its
     second step. Returns (the attempt, the step it started from)."""

@@ -75,7 +75,7 @@ def b2(mode: Mode) -> dict:
     }
     for workers in mode.b2_workers:
         print(f"B2 cold start to first allreduce, {workers} workers", flush=True)
-        runs = alternate(_systems(workers, workers in PEER_WORKERS), mode.reps, settle=True)
+        runs = alternate(_systems(workers), mode.reps, settle=True)
         floor = runs.pop("import floor")
         key = str(workers)
         out["b2_floor_s"][key] = summary(floor)
@@ -92,9 +92,9 @@ def b2(mode: Mode) -> dict:
     return out
 
 
-def _systems(workers: int, with_peers: bool) -> dict[str, Callable[[], float]]:
+def _systems(workers: int) -> dict[str, Callable[[], float]]:
     """Each system's cold start on ``workers`` ranks, and the import floor beside them;
-    ``HorovodTrainer`` and ``horovodrun`` only ``with_peers``."""
+    ``HorovodTrainer`` and ``horovodrun`` only at ``PEER_WORKERS``."""
 
     def measure(run: Callable[[], list[float]]) -> float:
         start = time.time()
@@ -109,6 +109,6 @@ def _systems(workers: int, with_peers: bool) -> dict[str, Callable[[], float]]:
         ),
         "import floor": lambda: measure(lambda: import_floor(workers)),
     }
-    if not with_peers:
+    if workers not in PEER_WORKERS:
         del systems["HorovodTrainer"], systems["horovodrun"]
     return systems

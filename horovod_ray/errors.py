@@ -135,11 +135,11 @@ class RankError(HorovodRayError):
     """
 
     def __init__(self, type_name: str, text: str, pickled: bytes | None = None) -> None:
-        super().__init__(type_name, text, pickled)
+        super().__init__(text)
         self.type_name, self.text, self._pickled = type_name, text, pickled
 
-    def __str__(self) -> str:
-        return self.text
+    def __reduce__(self):
+        return (type(self), (self.type_name, self.text, self._pickled))
 
     @classmethod
     def of(cls, err: BaseException, frames: TracebackType | None) -> RankError:

@@ -38,17 +38,15 @@ def unwrapped(err: BaseException) -> BaseException:
 
 def text_of(err: BaseException) -> str:
     """What a rank's error says: a :class:`RankError`'s traceback, else Ray's text."""
-    err = unwrapped(err)
-    if isinstance(err, RankError):
-        return err.text
-    return _ANSI.sub("", str(err))  # Ray colours its traceback headers
+    return _ANSI.sub("", str(unwrapped(err)))  # Ray colours its traceback headers
 
 
 def describe(err: BaseException, where: str) -> str:
     """One rank's failure as a message line: what happened, where, the original text."""
+    text = text_of(err)
     if isinstance(err, ray.exceptions.RayActorError):
-        return f"process died {where}: {text_of(err)}"
-    return f"raised {where}:\n{text_of(err)}"
+        return f"process died {where}: {text}"
+    return f"raised {where}:\n{text}"
 
 
 def error_of(ref: ray.ObjectRef) -> BaseException | None:
@@ -130,7 +128,7 @@ def probe(
         if _seen_in(err) is not Seen.ALIVE:
             seen[rank] = (_seen_in(err), describe(err, wheres[rank]))
         elif err is not None:
-            raised[rank] = err
+            raised[rank] = unwrapped(err)
     _ping(workers, wheres, refs, [r for r in range(n) if r not in seen], seen)
     if seen and len(seen) < n:
         time.sleep(LOST_RECHECK_S)
@@ -156,8 +154,7 @@ def probe(
     wholly = wholly_lost_nodes(snapshot)
     if wholly and len(wholly) < len(set(node_ids)):
         snapshot = dataclasses.replace(snapshot, node_alive=_nodes_alive(wholly))
-    first = next(iter(raised.values()), None)
-    return snapshot, None if first is None else unwrapped(first)
+    return snapshot, next(iter(raised.values()), None)
 
 
 def _ping(

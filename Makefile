@@ -62,7 +62,8 @@ $(STAMP): $(HOROVOD_STAMP) setup.py
 UNIT_TESTS := test/test_bringup.py test/test_calls.py test/test_command.py \
 	test/test_command_stacks.py test/test_elastic_logic.py test/test_cli_flags.py \
 	test/test_errors.py test/test_failures.py test/test_static.py test/test_lifecycle.py \
-	test/test_network.py test/test_placement.py test/test_ranks.py test/test_settings.py
+	test/test_network.py test/test_placement.py test/test_priority.py test/test_ranks.py \
+	test/test_settings.py
 
 # The documentation, then the whole suite on the chosen line; on the default line, then
 # the 2023 line's subset.

@@ -21,7 +21,6 @@ from typing import Any, Callable, Hashable, Iterable, Mapping
 import ray
 
 from horovod_ray.layouts import WorkerLayout
-from horovod_ray.network import NodeFacts
 from horovod_ray.ranks import RankInfo, visible_gpus
 from horovod_ray.rendezvous import worker_env
 from horovod_ray.settings import STALL_SHUTDOWN_ENV, STALL_WARNING_ENV, Settings
@@ -128,35 +127,16 @@ def rank_env(
     return {**common, **rank.env(), **nics, **extra}
 
 
-def setup(actor: Any, env: Mapping[str, str], rank: RankInfo, executable: bytes | None):
-    """Starts the actor's setup: environment, log channel (rank 0), ``executable_cls``."""
-    return actor.setup.remote(dict(env), rank.world_rank == 0, executable)
-
-
-# Whether this process has said that ranks run niced (once is enough).
-_niced_noted = False
-NICENESS_HINT = (
-    "start Ray's nodes with their workers at normal priority: RAY_worker_niceness=0 "
-    "ray start ... (a local Ray: ray.init(_system_config={'worker_niceness': 0}))"
-)
-
-
-def note_niceness(nodes: Iterable[NodeFacts]) -> None:
-    """Says once per process, at INFO, when ranks run at a lowered priority, and the fix.
-
-    Ray starts its workers at niceness 15 unless told otherwise, so on a busy node the
-    ranks lose the CPU to everything else; horovodrun's ranks run at 0.
-    """
-    global _niced_noted
-    niced = sorted({node.niceness for node in nodes if node.niceness > 0})
-    if niced and not _niced_noted:
-        _niced_noted = True
-        logger.info(
-            "the ranks run at niceness %s (Ray's worker_niceness), behind every other "
-            "process of their node; %s",
-            ", ".join(map(str, niced)),
-            NICENESS_HINT,
-        )
+def setup(
+    actor: Any,
+    env: Mapping[str, str],
+    rank: RankInfo,
+    executable: bytes | None,
+    niceness: int | None,
+):
+    """Starts the actor's setup: environment, niceness, log channel (rank 0),
+    ``executable_cls``."""
+    return actor.setup.remote(dict(env), rank.world_rank == 0, executable, niceness)
 
 
 def kill(actors: Iterable[Any]) -> None:

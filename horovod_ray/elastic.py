@@ -2,9 +2,8 @@
 
 Each ``run()`` is one :class:`ElasticRun`: horovod's driver (``_elastic_driver``) asks
 ``discovery.NodeDiscovery`` which Ray nodes have how many slots, numbers the ranks, and
-starts each slot through :meth:`ElasticRun.run_slot`, which walks the same bring-up path
-as a static job's ranks (``bringup``): an actor pinned to the slot's node, its node
-facts, its interface, its environment, its setup. After a failure or a change of nodes
+starts each slot through :meth:`ElasticRun.run_slot`, on a static job's bring-up path
+(``bringup``) with an actor pinned to the slot's node. After a failure or a change of nodes
 the driver lets the survivors roll back to their last commit (``hvd.elastic.run``) and
 go on: horovod's driver decides a node is lost, ``failures.elastic_error`` how the run
 ended. Ray's autoscaler is asked for the ranks missing below ``max_workers``.
@@ -25,7 +24,7 @@ from horovod.runner.common.util.hosts import SlotInfo
 from ray.util.client import ray as ray_client
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from horovod_ray import _elastic_driver, bringup, calls, failures, logs, network, probe
+from horovod_ray import _elastic_driver, bringup, calls, failures, logs, network, priority, probe
 from horovod_ray.discovery import AutoscalerRequest, NodeDiscovery, addresses_with_room
 from horovod_ray.errors import ExecutorStateError, HorovodRayError
 from horovod_ray.layouts import ElasticLayout, WorkerLayout
@@ -347,7 +346,7 @@ class ElasticRun:
             timeout_s = self._settings.placement_group_timeout_s
             facts = bringup.get_one(actor.node_info.remote(), timeout_s, check)
             where = f"{facts.where}, local rank {slot.local_rank}"
-            bringup.note_niceness([facts])
+            priority.check(self._settings.niceness, [facts])
             value = self._set_up_and_call(actor, slot, key, facts, check)
             with self._lock:
                 self._outcome.results[self._driver.world_rank(slot)] = value
@@ -384,7 +383,8 @@ class ElasticRun:
         iface = network.gloo_iface(facts, self._settings.nics, self._local)
         self._server.allow(facts.node_ip)
         env = bringup.rank_env(rank, self._common_env, iface, self._extra_env)
-        bringup.get_one(bringup.setup(actor, env, rank, self._executable), timeout_s, check)
+        setup = bringup.setup(actor, env, rank, self._executable, self._settings.niceness)
+        bringup.get_one(setup, timeout_s, check)
         fn_ref, args = self._call
         ref = actor.call.remote(1, None, fn_ref, args)
         # Every rank's channel is open in an elastic job; it posts while it is rank 0.

@@ -180,7 +180,9 @@ class RayExecutor:
                 bool values are passed as ``str(value)``.
 
         Raises:
-            ConfigError: A bad argument (nothing was started).
+            ConfigError: A bad argument (nothing was started); or, once the ranks
+                reported their nodes, ``nics`` or ``niceness`` that a node cannot take
+                (everything taken is released).
             ExecutorStateError: The executor is not newly created.
             HorovodRayError: Ray is not initialised, or horovod lacks Gloo.
             PlacementTimeoutError: Ray could not place the ranks in time.

@@ -37,6 +37,7 @@ class NodeFacts:
         gloo_iface_fixed: Whether the node's horovod has the fix from ``patches/``.
         pid: The worker's process id.
         niceness: The worker's niceness (Ray starts its workers at 15 by default).
+        lowest_niceness: The lowest niceness the worker may take (``priority``).
     """
 
     node_id: str
@@ -50,6 +51,7 @@ class NodeFacts:
     gloo_iface_fixed: bool = True
     pid: int = 0
     niceness: int = 0
+    lowest_niceness: int = 0
 
     @property
     def where(self) -> str:

@@ -36,6 +36,7 @@ def run(
     discovery_interval_s: float | None = None,
     max_restarts: int = 0,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    niceness: int | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -76,6 +77,8 @@ def run(
             inside ``train_fn`` says which attempt it is, to resume from a checkpoint.
         stall_timeout_s: Seconds ranks may wait in a collective another rank never
             enters before the job fails with ``HangError`` (default 600; 0: off).
+        niceness: The ranks' niceness, 0 (horovodrun's) to 19; None keeps Ray's (see
+            ``create_settings``: lowering it needs CAP_SYS_NICE on the nodes).
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -94,7 +97,9 @@ def run(
     # Here, not at the top: a rank's process imports this module (see __init__).
     from horovod_ray.executor import RayExecutor
 
-    settings = create_settings(timeout_s=timeout_s, nics=nics, stall_timeout_s=stall_timeout_s)
+    settings = create_settings(
+        timeout_s=timeout_s, nics=nics, stall_timeout_s=stall_timeout_s, niceness=niceness
+    )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
 

@@ -89,6 +89,12 @@ class Settings:
         stall_timeout_s: Seconds ranks may wait in a collective that another rank never
             enters before the job fails with ``HangError`` (horovod's stall inspector,
             made to shut the job down); 0 turns it off.
+        niceness: The ranks' niceness, from 0 (horovodrun's priority) to 19. None keeps
+            the one Ray gives its workers (15 unless the node was started with
+            ``RAY_worker_niceness=0``; 0 on the local Ray ``run()`` starts). Lowering it
+            below Ray's needs CAP_SYS_NICE (root has it) or RLIMIT_NICE on the ranks'
+            nodes; the start fails with ConfigError, releasing everything, where a rank
+            may not.
     """
 
     timeout_s: float = 120
@@ -96,6 +102,7 @@ class Settings:
     nics: tuple[str, ...] | None = None
     verbose: int = 1
     stall_timeout_s: float = STALL_TIMEOUT_S
+    niceness: int | None = None
 
     def __post_init__(self) -> None:
         require_positive("timeout_s", self.timeout_s)
@@ -109,6 +116,13 @@ class Settings:
         object.__setattr__(self, "nics", _normalize_nics(self.nics))
         if not is_int(self.verbose) or self.verbose < 0:
             raise ConfigError("verbose", f"verbose must be an integer >= 0, got {self.verbose!r}")
+        if self.niceness is not None and not (is_int(self.niceness) and 0 <= self.niceness <= 19):
+            raise ConfigError(
+                "niceness",
+                f"niceness must be None (Ray's) or an integer from 0 (horovodrun's priority) "
+                f"to 19, got {self.niceness!r}; a negative one would put the ranks ahead of "
+                f"Ray's own processes on their nodes",
+            )
 
 
 def create_settings(
@@ -119,6 +133,7 @@ def create_settings(
     ssh_identity_file: str | None = None,
     ssh_str: str | None = None,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    niceness: int | None = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -141,6 +156,7 @@ def create_settings(
         nics=nics,
         verbose=verbose,
         stall_timeout_s=stall_timeout_s,
+        niceness=niceness,
     )
 
 

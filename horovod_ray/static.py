@@ -26,7 +26,7 @@ from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from horovod_ray import bringup, calls, failures, logs, network, placement, probe
+from horovod_ray import bringup, calls, failures, logs, network, placement, priority, probe
 from horovod_ray.errors import HangError, PlacementTimeoutError, WorkerFailedError
 from horovod_ray.layouts import WorkerLayout
 from horovod_ray.network import NodeFacts
@@ -141,7 +141,7 @@ class StaticJob:
             began = time.perf_counter()
             envs = self._environments()
             setups = [
-                bringup.setup(m.actor, env, m.rank, self._executable)
+                bringup.setup(m.actor, env, m.rank, self._executable, self._settings.niceness)
                 for m, env in zip(self.members, envs, strict=True)
             ]
             bringup.wait_all(setups, math.inf, check)
@@ -178,7 +178,7 @@ class StaticJob:
                 f"workers"
             )
         nodes: list[NodeFacts] = get_all(info_refs, "report its node")
-        bringup.note_niceness(nodes)
+        priority.check(self._settings.niceness, nodes)
         self.start_s["actors"] = time.perf_counter() - began
         infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
         members = (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True))

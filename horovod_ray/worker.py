@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import cloudpickle
 import ray
 
-from horovod_ray import logs
+from horovod_ray import logs, priority
 from horovod_ray._stack import gloo_iface_fixed
 from horovod_ray.calls import RankCalls, invoke
 from horovod_ray.errors import RankError
@@ -63,14 +63,24 @@ class Worker:
             gloo_iface_fixed=fixed,
             pid=os.getpid(),
             niceness=os.nice(0),
+            lowest_niceness=priority.own_lowest_allowed(),
         )
 
-    def setup(self, env: Mapping[str, str], is_log_rank: bool, executable: bytes | None) -> None:
-        """Sets the rank's environment, then builds ``executable_cls`` if one was given.
+    def setup(
+        self,
+        env: Mapping[str, str],
+        is_log_rank: bool,
+        executable: bytes | None,
+        niceness: int | None = None,
+    ) -> None:
+        """Sets the rank's environment (and its threads' niceness, if given), then builds
+        ``executable_cls`` if one was given.
 
         One call, so that start() costs a single round trip after placement.
         """
         os.environ.update(env)
+        if niceness is not None:
+            priority.apply(niceness)
         logs.open_channel(is_log_rank)
         # Everything the process holds before user code (Ray, this package) lives as long
         # as the process: frozen, it is no longer walked by each full collection. Importing

@@ -27,6 +27,11 @@ BAD_SETTINGS = [
     ({"stall_timeout_s": -1}, "stall_timeout_s"),
     ({"stall_timeout_s": None}, "stall_timeout_s"),
     ({"stall_timeout_s": "60"}, "stall_timeout_s"),
+    ({"niceness": -1}, "niceness"),  # ahead of Ray's own processes
+    ({"niceness": 20}, "niceness"),
+    ({"niceness": 0.0}, "niceness"),
+    ({"niceness": "0"}, "niceness"),
+    ({"niceness": False}, "niceness"),
 ]
 
 BAD_LAYOUTS = [
@@ -114,3 +119,8 @@ def test_none_for_an_unused_count_is_accepted_as_horovod_ray_does():
     layout = RayExecutor(num_workers=4, num_workers_per_host=None).layout
     assert (layout.num_workers, layout.num_hosts, layout.num_workers_per_host) == (4, None, 1)
     assert RayExecutor(num_workers=None, num_hosts=2, num_workers_per_host=2).layout.num_hosts == 2
+
+
+def test_niceness_from_horovodrun_s_priority_to_the_lowest_or_none_is_accepted():
+    assert RayExecutor.create_settings().niceness is None
+    assert [RayExecutor.create_settings(niceness=n).niceness for n in (0, 19)] == [0, 19]

@@ -134,8 +134,7 @@ def setup(
     executable: bytes | None,
     niceness: int | None,
 ):
-    """Starts the actor's setup: environment, niceness, log channel (rank 0),
-    ``executable_cls``."""
+    """Starts the actor's setup: environment, niceness, log channel, ``executable_cls``."""
     return actor.setup.remote(dict(env), rank.world_rank == 0, executable, niceness)
 
 

@@ -4,9 +4,10 @@ Ray starts its workers at niceness 15 unless a node was started with
 ``RAY_worker_niceness=0``, so the ranks run behind every other process of their node;
 horovodrun's ranks run at 0. ``create_settings(niceness=N)`` asks for N explicitly: each
 rank reports the lowest niceness it may take (:func:`lowest_allowed`), the driver checks
-every rank before the rendezvous starts (:func:`check`), and each rank then sets it on
-all its threads (:func:`apply`). Without it, the start only says once, at INFO, that the
-ranks run niced and how to start the nodes instead (:func:`note`).
+it (:func:`check`: a static job before the rendezvous starts, an elastic job as each slot
+starts), and each rank then sets it on all its threads (:func:`apply`). Without it, the
+start only says once, at INFO, that the ranks run niced and how to start the nodes
+instead (:func:`note`).
 
 Linux keeps a niceness per thread, and a new thread takes its creator's: setting every
 thread of the rank before user code runs covers the threads that TensorFlow, horovod and
@@ -25,9 +26,9 @@ from horovod_ray.network import NodeFacts
 
 logger = logging.getLogger(__name__)
 
-# The range Linux allows, and the part of it create_settings accepts: a negative niceness
-# would put the ranks ahead of Ray's own daemons (and their heartbeats) on the node.
-LOWEST, HIGHEST = -20, 19
+# The lowest niceness Linux allows (settings accept 0 and up: a negative one would put the
+# ranks ahead of Ray's own daemons, and their heartbeats, on the node).
+LOWEST = -20
 CAP_SYS_NICE = 23  # bit of the capability sets in /proc/<pid>/status
 HINT = (
     "start Ray's nodes with their workers at normal priority: RAY_worker_niceness=0 "
@@ -82,12 +83,13 @@ def check(niceness: int | None, nodes: Iterable[NodeFacts]) -> None:
         return
     refused = [node for node in nodes if niceness < node.lowest_niceness]
     if refused:
+        first = refused[0]
         raise ConfigError(
             "niceness",
             f"niceness={niceness} is out of reach for {len(refused)} rank(s), the first "
-            f"{refused[0].where}: it runs at {refused[0].niceness} and may not lower that "
-            f"without CAP_SYS_NICE (or a higher RLIMIT_NICE); {HINT}, or leave "
-            f"niceness=None",
+            f"{first.where}: it runs at {first.niceness} and may go no lower than "
+            f"{first.lowest_niceness} without CAP_SYS_NICE (or a higher RLIMIT_NICE); "
+            f"{HINT}, or leave niceness=None",
         )
 
 
@@ -106,14 +108,39 @@ def note(nicenesses: Iterable[int]) -> None:
         )
 
 
-def apply(niceness: int, setpriority: Callable[[int, int, int], None] = os.setpriority) -> None:
-    """Gives every thread of this process ``niceness`` (on the rank, before user code)."""
+def apply(
+    niceness: int,
+    setpriority: Callable[[int, int, int], None] = os.setpriority,
+    list_threads: Callable[[], list[int]] | None = None,
+) -> None:
+    """Gives every thread of this process ``niceness`` (on the rank, before user code).
+
+    Threads that start meanwhile (Ray's keep running) are listed again until none is new.
+
+    Raises:
+        ConfigError: The kernel refused it (a capability that does not hold outside a
+            container's user namespace, say), with the fix.
+    """
+    list_threads = list_threads or _threads
+    done: set[int] = set()
+    while new := [tid for tid in list_threads() if tid not in done]:
+        for tid in new:
+            try:
+                setpriority(os.PRIO_PROCESS, tid, niceness)
+            except ProcessLookupError:
+                pass  # a thread that ended meanwhile
+            except PermissionError as err:
+                raise ConfigError(
+                    "niceness",
+                    f"niceness={niceness} was refused on this rank ({err.strerror}) although "
+                    f"it reports CAP_SYS_NICE or RLIMIT_NICE (a container's user namespace "
+                    f"grants neither outside it); {HINT}, or leave niceness=None",
+                ) from err
+        done.update(new)
+
+
+def _threads() -> list[int]:
     try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+        return [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:
-        threads = [0]  # no /proc: this thread only
-    for tid in threads:
-        try:
-            setpriority(os.PRIO_PROCESS, tid, niceness)
-        except ProcessLookupError:
-            pass  # a thread that ended meanwhile
+        return [0]  # no /proc: this thread only

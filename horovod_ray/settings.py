@@ -93,8 +93,8 @@ class Settings:
             the one Ray gives its workers (15 unless the node was started with
             ``RAY_worker_niceness=0``; 0 on the local Ray ``run()`` starts). Lowering it
             below Ray's needs CAP_SYS_NICE (root has it) or RLIMIT_NICE on the ranks'
-            nodes; the start fails with ConfigError, releasing everything, where a rank
-            may not.
+            nodes; where a rank may not, a static job's start fails with ConfigError,
+            releasing everything (an elastic job's slot fails, as for ``nics``).
     """
 
     timeout_s: float = 120

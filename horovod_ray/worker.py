@@ -73,10 +73,10 @@ class Worker:
         executable: bytes | None,
         niceness: int | None = None,
     ) -> None:
-        """Sets the rank's environment (and its threads' niceness, if given), then builds
-        ``executable_cls`` if one was given.
+        """Sets the rank's environment and niceness, then builds ``executable_cls``.
 
-        One call, so that start() costs a single round trip after placement.
+        One call, so that start() costs a single round trip after placement. ``niceness``
+        None keeps the process's; ``executable`` None builds nothing.
         """
         os.environ.update(env)
         if niceness is not None:
@@ -86,7 +86,7 @@ class Worker:
         # as the process: frozen, it is no longer walked by each full collection. Importing
         # TensorFlow runs about six of them, which then take a third less time (see
         # docs/benchmarks.rst, "A rank's garbage collector skips Ray's objects"). Nothing
-        # is pinned that a collection would free: one here finds no garbage.
+        # is pinned that a collection would free: one here found no garbage, measured.
         gc.freeze()
         if executable is not None:
             cls, args, kwargs = cloudpickle.loads(executable)

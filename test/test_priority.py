@@ -70,7 +70,7 @@ def test_a_niceness_a_rank_may_not_take_names_the_parameter_the_rank_and_the_fix
     assert info.value.parameter == "niceness"
     message = str(info.value)
     assert message.startswith("niceness=0 is out of reach for 2 rank(s), the first on node")
-    assert "(10.0.0.2, pid 7): it runs at 15" in message
+    assert "(10.0.0.2, pid 7): it runs at 15 and may go no lower than 15" in message
     assert "CAP_SYS_NICE" in message and "RAY_worker_niceness=0 ray start" in message
     assert message.endswith("or leave niceness=None")
 
@@ -132,13 +132,36 @@ def test_apply_sets_every_thread_and_the_threads_started_after():
     assert nicenesses == [target] * 3
 
 
-def test_apply_passes_over_a_thread_that_ended_meanwhile():
-    calls = []
+class _Threads:
+    """A process's thread list as it changes between reads, and the calls made on it."""
 
-    def setpriority(which, tid, niceness):
-        calls.append(tid)
-        if len(calls) == 1:
-            raise ProcessLookupError(tid)
+    def __init__(self, *reads: list[int], refuse: int | None = None, gone: int | None = None):
+        self.reads, self.refuse, self.gone = list(reads), refuse, gone
+        self.set: list[tuple[int, int]] = []
 
-    priority.apply(5, setpriority=setpriority)
-    assert sorted(calls) == sorted(int(t) for t in os.listdir("/proc/self/task"))
+    def list(self) -> list[int]:
+        return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+    def setpriority(self, which: int, tid: int, niceness: int) -> None:
+        assert which == os.PRIO_PROCESS
+        if tid == self.refuse:
+            raise PermissionError(13, "Permission denied")
+        if tid == self.gone:
+            raise ProcessLookupError(3, "No such process")
+        self.set.append((tid, niceness))
+
+
+def test_apply_lists_the_threads_again_until_none_is_new():
+    # Thread 3 starts while 1 and 2 are set, thread 4 while 3 is.
+    threads = _Threads([1, 2], [1, 2, 3], [1, 3, 4], gone=2)
+    priority.apply(5, setpriority=threads.setpriority, list_threads=threads.list)
+    assert threads.set == [(1, 5), (3, 5), (4, 5)]  # 2 ended meanwhile: passed over
+
+
+def test_apply_refused_by_the_kernel_names_the_parameter_and_the_fix():
+    threads = _Threads([1, 2], refuse=2)
+    with pytest.raises(ConfigError) as info:
+        priority.apply(0, setpriority=threads.setpriority, list_threads=threads.list)
+    assert info.value.parameter == "niceness"
+    assert str(info.value).startswith("niceness=0 was refused on this rank (Permission denied)")
+    assert priority.HINT in str(info.value)

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 # The lowest niceness Linux allows (settings accept 0 and up: a negative one would put the
 # ranks ahead of Ray's own daemons, and their heartbeats, on the node).
 LOWEST = -20
-CAP_SYS_NICE = 23  # bit of the capability sets in /proc/<pid>/status
+CAP_SYS_NICE = 23  # bits of the capability sets in /proc/<pid>/status
 HINT = (
     "start Ray's nodes with their workers at normal priority: RAY_worker_niceness=0 "
     "ray start ... (a local Ray: ray.init(_system_config={'worker_niceness': 0}))"
@@ -52,11 +52,11 @@ def lowest_allowed(niceness: int, cap_sys_nice: bool, rlimit_nice: int) -> int:
     return max(LOWEST, min(niceness, 20 - rlimit_nice))
 
 
-def has_cap_sys_nice(status: str) -> bool:
-    """Whether a /proc/<pid>/status text grants CAP_SYS_NICE (in its effective set)."""
+def has_capability(status: str, bit: int) -> bool:
+    """Whether a /proc/<pid>/status text grants capability ``bit`` (in its effective set)."""
     for line in status.splitlines():
         if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
+            return bool(int(line.split()[1], 16) >> bit & 1)
     return False
 
 
@@ -64,7 +64,7 @@ def own_lowest_allowed() -> int:
     """:func:`lowest_allowed` for this process."""
     try:
         with open("/proc/self/status") as status:
-            cap = has_cap_sys_nice(status.read())
+            cap = has_capability(status.read(), CAP_SYS_NICE)
     except OSError:
         cap = os.geteuid() == 0
     return lowest_allowed(os.nice(0), cap, resource.getrlimit(resource.RLIMIT_NICE)[0])

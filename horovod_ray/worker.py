@@ -71,7 +71,7 @@ class Worker:
         env: Mapping[str, str],
         is_log_rank: bool,
         executable: bytes | None,
-        niceness: int | None = None,
+        niceness: int | None,
     ) -> None:
         """Sets the rank's environment and niceness, then builds ``executable_cls``.
 

@@ -47,8 +47,8 @@ def test_lowest_allowed_niceness(niceness, cap, rlimit, lowest):
 )
 def test_cap_sys_nice_is_read_from_the_effective_set(cap_eff, has):
     status = f"Name:\tpython\nCapInh:\t0000000000000000\nCapPrm:\t{cap_eff}\nCapEff:\t{cap_eff}\n"
-    assert priority.has_cap_sys_nice(status) is has
-    assert priority.has_cap_sys_nice("Name:\tpython\n") is False
+    assert priority.has_capability(status, priority.CAP_SYS_NICE) is has
+    assert priority.has_capability("Name:\tpython\n", priority.CAP_SYS_NICE) is False
 
 
 def _node(ip: str, niceness: int, lowest: int) -> NodeFacts:

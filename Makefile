@@ -33,7 +33,7 @@ PYTEST_ARGS ?=
 	bench-lines native clean
 
 install: $(STAMP)
-	@$(PY) -m horovod_ray._check_install --require-fix
+	@$(PY) -m horovod_ray.stack.check_install --require-fix
 
 # Two steps: the stack with horovod built from source (minutes), then this package (seconds),
 # so that a change to setup.py does not rebuild horovod.
@@ -58,13 +58,6 @@ $(STAMP): $(HOROVOD_STAMP) setup.py
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(TF_EXTRA),tune,test,examples,bench]'
 	touch $(STAMP)
 
-# Pure logic first (no Ray, seconds), then everything on real Ray.
-UNIT_TESTS := test/test_bringup.py test/test_calls.py test/test_command.py \
-	test/test_command_stacks.py test/test_elastic_logic.py test/test_cli_flags.py \
-	test/test_errors.py test/test_failures.py test/test_static.py test/test_lifecycle.py \
-	test/test_network.py test/test_placement.py test/test_priority.py test/test_ranks.py \
-	test/test_settings.py
-
 # The documentation, then the whole suite on the chosen line; on the default line, then
 # the 2023 line's subset.
 ifeq ($(TF),2.21)
@@ -75,22 +68,22 @@ endif
 
 # The benchmark runner's smoke passes (test/test_bench.py, 11 minutes on 2 slow cores) are
 # not in make test, whose time on CI they would take a fifth of: run make test-bench after
-# changing bench/.
+# changing bench/. Pure logic first (no Ray, seconds), then everything on real Ray: a test
+# module says which it is (``pytestmark = pytest.mark.unit``; test/conftest.py fails a unit
+# test that starts Ray).
 test-suite: install
-	$(PY) -m pytest $(PYTEST_ARGS) $(UNIT_TESTS)
-	$(PY) -m pytest $(PYTEST_ARGS) $(addprefix --ignore=,$(UNIT_TESTS) test/test_bench.py) test
+	$(PY) -m pytest $(PYTEST_ARGS) -m unit test
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py test
 
-# The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic, horovod's
-# Keras API on real 2-rank jobs, and an elastic Keras run that loses a node.
-LINE_2023_TESTS := $(UNIT_TESTS) test/test_keras.py \
-	test/test_elastic.py::test_keras_training_goes_on_when_a_node_is_lost
-
+# The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic (unit),
+# horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node
+# (marked line_2023).
 test-2023:
 	$(MAKE) TF=2.15 install
 	$(MAKE) TF=2.15 test-subset
 
 test-subset: install
-	$(PY) -m pytest $(PYTEST_ARGS) $(LINE_2023_TESTS)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "unit or line_2023" --ignore=test/test_bench.py test
 
 test-bench: install
 	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py

@@ -29,7 +29,7 @@ setup(
     # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see docs/install.rst. Ray is not
     # capped: horovod_ray.tune checks at import for the two Ray 2.60 internals it uses.
     install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
-    entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli:main"]},
+    entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli.main:main"]},
     extras_require={
         # Two TensorFlow lines are built and tested (docs/install.rst): today's, with
         # Keras 3, and the 2023 line, whose tf.keras is Keras 2.

@@ -31,8 +31,8 @@ from typing import Sequence
 
 from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-from horovod_ray.ranks import RankInfo
-from horovod_ray.rendezvous import GLOBAL_SCOPE, RendezvousServer
+from horovod_ray.rank.assignment import RankInfo
+from horovod_ray.rendezvous.server import GLOBAL_SCOPE, RendezvousServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bench" / "native" / "rendezvous_load.cc"
@@ -285,7 +285,7 @@ def _import_tensorflow() -> None:
 def _hvd_init(batched: bool) -> None:
     import horovod.tensorflow as hvd
 
-    from horovod_ray.rendezvous import BATCH_ENV
+    from horovod_ray.rendezvous.server import BATCH_ENV
 
     # Read by horovod at each hvd.init(): "0" sends Gloo's own per-key sequence, as a
     # build without the batching patch does.

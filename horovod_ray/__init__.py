@@ -1,7 +1,7 @@
 """horovod_ray: run Horovod (Gloo) training jobs on a Ray cluster.
 
 ``RayExecutor`` is imported when first used. A rank's process imports
-``horovod_ray.worker`` (the actor's class), which runs this file first: were the job's
+``horovod_ray.rank.worker`` (the actor's class), which runs this file first: were the job's
 side (the executor, both kinds of job, horovod's elastic driver) imported here, every
 rank would load it before it could answer, on its way to the first collective.
 """
@@ -23,9 +23,9 @@ from horovod_ray.errors import (
     StartCancelledError,
     WorkerFailedError,
 )
-from horovod_ray.lifecycle import ExecutorState
-from horovod_ray.logs import log
-from horovod_ray.restarts import attempt
+from horovod_ray.failures.restarts import attempt
+from horovod_ray.job.lifecycle import ExecutorState
+from horovod_ray.rank.logs import log
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
 

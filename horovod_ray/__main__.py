@@ -2,6 +2,6 @@
 
 import sys
 
-from horovod_ray.cli import main
+from horovod_ray.cli.main import main
 
 sys.exit(main())

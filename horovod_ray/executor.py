@@ -1,7 +1,7 @@
 """RayExecutor: one Horovod job on Ray, its public API and its life.
 
 The executor checks the arguments, owns the lifecycle (``lifecycle``, one writer) and
-counts the calls in flight; a kind of job (``job.JobKind``: ``static.StaticJob`` or
+counts the calls in flight; a kind of job (``kinds.JobKind``: ``static.StaticJob`` or
 ``elastic.ElasticJob``) does the rest: placement, bring-up (``bringup``), calls
 (``calls``, ``logs``), failures (``failures``) and release.
 """
@@ -15,15 +15,16 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from horovod_ray import calls, job
 from horovod_ray.errors import (
     ExecutorStateError,
     interrupt_in,
     start_error,
 )
-from horovod_ray.layouts import job_layouts
-from horovod_ray.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
-from horovod_ray.ranks import RankInfo
+from horovod_ray.job import kinds
+from horovod_ray.job.layouts import job_layouts
+from horovod_ray.job.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
+from horovod_ray.rank import calls
+from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.settings import Settings, create_settings, require_settings
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class RayExecutor:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**arguments)
-        self._job = job.create(settings, self.layout, self.elastic)
+        self._job = kinds.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
@@ -193,7 +194,7 @@ class RayExecutor:
                 f"start() needs a new executor, this one is {self.state.value}; "
                 f"create a new RayExecutor"
             )
-        env, executable = job.start_inputs(
+        env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
         kind = self._job
@@ -299,7 +300,7 @@ class RayExecutor:
         kind = self._running("execute_single", call)
         return self._in_call(kind, lambda failing: kind.call(call, [], False, failing))[0]
 
-    def _in_call(self, kind: job.JobKind, call: Callable[[Callable], list[Any]]) -> list[Any]:
+    def _in_call(self, kind: kinds.JobKind, call: Callable[[Callable], list[Any]]) -> list[Any]:
         """Runs ``call(failing)``; on any failure (a rank's, Ctrl-C, a raising callback:
         the ranks cannot be left half done) stops the job, which ends FAILED, and re-raises.
 
@@ -364,7 +365,7 @@ class RayExecutor:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _running(self, action: str, call: calls.Call | None = None) -> job.JobKind:
+    def _running(self, action: str, call: calls.Call | None = None) -> kinds.JobKind:
         """The job, if it can take ``action`` now (a ``call`` is then admitted)."""
         kind = self._job
         kind.refuse(action, call)

@@ -8,8 +8,10 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
-from horovod_ray import calls, local_ray, restarts
+from horovod_ray import local_ray
 from horovod_ray.errors import ConfigError
+from horovod_ray.failures import restarts
+from horovod_ray.rank import calls
 from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings, is_int
 
 logger = logging.getLogger(__name__)

@@ -145,7 +145,7 @@ def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
     than the receive posted for it (two ranks out of step, as an elastic survivor can be
     right after a peer's node goes) makes Gloo's device thread throw, and the process
     aborts. With it, that connection closes and the receive raises, like any I/O error."""
-    from horovod_ray._stack import _extension_has
+    from horovod_ray.stack.build import _extension_has
 
     library, flags = _horovod_gloo()
     program = tmp_path / "gloo_unexpected_message"

@@ -20,6 +20,8 @@ from horovod_ray import (
     WorkerFailedError,
 )
 
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
 
 def test_hierarchy():
     assert issubclass(ConfigError, ValueError)

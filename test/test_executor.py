@@ -24,7 +24,7 @@ from horovod_ray import (
     WorkerFailedError,
     log,
 )
-from horovod_ray.network import interface_holding, local_interfaces
+from horovod_ray.rank.network import interface_holding, local_interfaces
 from test.conftest import alive_actors, live_placement_groups, run_fresh_python, wait_until
 from test.horovod_identity import horovod_identity as identity
 
@@ -213,8 +213,9 @@ def test_a_ranks_process_loads_the_actor_not_the_jobs_side(ray_4cpu, no_leaks):
     and with it the executor."""
     job_side = (
         "horovod_ray.executor",
-        "horovod_ray.static",
-        "horovod_ray.elastic",
+        "horovod_ray.job.static",
+        "horovod_ray.job.elastic",
+        "horovod_ray.job.elastic_run",
         "horovod.runner.elastic.driver",
     )
 
@@ -520,7 +521,7 @@ class _RayInterruptedWhileWaiting:
 def test_ctrl_c_while_placing_removes_the_group_and_stays_a_keyboard_interrupt(
     ray_4cpu, no_leaks, monkeypatch
 ):
-    from horovod_ray import bringup
+    from horovod_ray.job import bringup
 
     monkeypatch.setattr(bringup, "ray", _RayInterruptedWhileWaiting())
     executor = RayExecutor(SETTINGS, num_workers=2)
@@ -683,11 +684,11 @@ def test_start_without_ray_says_to_call_ray_init():
 def test_ranks_at_a_lowered_priority_are_named_once_with_the_fix(
     ray_4cpu, no_leaks, caplog, monkeypatch
 ):
-    from horovod_ray import priority
+    from horovod_ray.rank import priority
 
     monkeypatch.setattr(priority, "_noted", False)
     # The tests' Ray starts its workers at Ray's default niceness.
-    with caplog.at_level(logging.INFO, logger="horovod_ray.priority"):
+    with caplog.at_level(logging.INFO, logger="horovod_ray.rank.priority"):
         for _ in range(2):
             with RayExecutor(SETTINGS, num_workers=2) as executor:
                 niceness = executor.run(lambda: os.nice(0))
@@ -720,19 +721,19 @@ def _thread_nicenesses() -> list[int]:
 def test_a_niceness_asked_for_is_taken_by_every_thread_of_every_rank(
     ray_4cpu, no_leaks, caplog, monkeypatch
 ):
-    from horovod_ray import priority
+    from horovod_ray.rank import priority
 
     monkeypatch.setattr(priority, "_noted", False)
     settings = RayExecutor.create_settings(timeout_s=60, verbose=0, niceness=0)
     # Ray's workers here run at 15; the tests run as root, which may lower it.
-    with caplog.at_level(logging.INFO, logger="horovod_ray.priority"):
+    with caplog.at_level(logging.INFO, logger="horovod_ray.rank.priority"):
         with RayExecutor(settings, num_workers=2) as executor:
             ranks = executor.run(_thread_nicenesses)
     for threads in ranks:
         assert len(threads) > 5  # Ray's threads too, not only the caller's
         assert set(threads) == {0}
     # Nothing to advise: the user chose.
-    assert [r for r in caplog.records if r.name == "horovod_ray.priority"] == []
+    assert [r for r in caplog.records if r.name == "horovod_ray.rank.priority"] == []
 
 
 _UNPRIVILEGED_START = """
@@ -761,7 +762,7 @@ print(json.dumps(outcome))
 def _can_drop_sys_nice() -> bool:
     """Whether setpriv can take CAP_SYS_NICE away here (it needs CAP_SETPCAP), leaving a
     process that may not lower its niceness at all (RLIMIT_NICE 0)."""
-    from horovod_ray import priority
+    from horovod_ray.rank import priority
 
     cap_setpcap = 8
     with open("/proc/self/status") as status:

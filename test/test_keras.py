@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from horovod_ray import RayExecutor
-from horovod_ray.lifecycle import ExecutorState
+from horovod_ray.job.lifecycle import ExecutorState
 from test import keras_training
 from test.conftest import start_local_ray
 
-pytestmark = pytest.mark.timeout(300)
+# Also on the 2023 line: horovod's Keras API on Keras 2.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.line_2023]
 
 KERAS3 = int(version("keras").split(".")[0]) >= 3
 

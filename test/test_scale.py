@@ -12,8 +12,8 @@ import pytest
 import ray
 
 from bench import scale
-from horovod_ray.ranks import RankInfo
-from horovod_ray.rendezvous import BATCH_ENV, GLOBAL_SCOPE, RendezvousServer, worker_env
+from horovod_ray.rank.assignment import RankInfo
+from horovod_ray.rendezvous.server import BATCH_ENV, GLOBAL_SCOPE, RendezvousServer, worker_env
 
 pytestmark = pytest.mark.timeout(300)
 SIZE = 4
@@ -109,7 +109,7 @@ def test_real_ranks_rendezvous_in_a_few_requests_each(ray_4cpu, harness_binary):
     peer's key, polling until it exists: O(N^2) requests per scope. With it, per rank
     and scope: one batched set, one batched get held until its keys are there, and
     horovod's closing DELETE."""
-    from horovod_ray._stack import batched_rendezvous
+    from horovod_ray.stack.build import batched_rendezvous
 
     assert batched_rendezvous()  # what `make install` reports
     requests = _real_ranks(batched=True)

@@ -10,6 +10,8 @@ import pytest
 from horovod_ray import ConfigError, RayExecutor, Settings
 from horovod_ray import settings as settings_module
 
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
 BAD_SETTINGS = [
     ({"timeout_s": 0}, "timeout_s"),
     ({"timeout_s": -5}, "timeout_s"),

@@ -331,18 +331,18 @@ def test_a_warm_job_that_lost_a_rank_is_replaced_before_the_next_trial(ray_4cpu,
 
 def test_ranks_session_is_what_ray_tune_reads(tmp_path):
     """Fails loudly if a Ray upgrade moves the session Tune's functions look up."""
-    from horovod_ray import tune as hr_tune
+    from horovod_ray.tune import session as rank_session
 
     (tmp_path / "weights.txt").write_text("w=3")
-    packed = hr_tune._pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
-    session = hr_tune._RankSession(0, packed, {"trial_name": "t0"})
-    hr_tune._install_session(session)
+    packed = rank_session.pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
+    session = rank_session.RankSession(0, packed, {"trial_name": "t0"})
+    rank_session.install_session(session)
     try:
         restored = tune.get_checkpoint()
         assert restored is not None
         with restored.as_directory() as directory:
             assert (Path(directory) / "weights.txt").read_text() == "w=3"
     finally:
-        hr_tune._install_session(None)
+        rank_session.install_session(None)
         session.close()
     assert tune.get_checkpoint() is None

@@ -143,16 +143,18 @@ def test_calls_on_a_never_started_executor_are_state_errors(baseline):
 
 
 def test_horovod_without_gloo_names_the_install_command(monkeypatch, baseline):
-    from horovod_ray import HorovodRayError, _stack
+    from horovod_ray import HorovodRayError
 
     # Stands in for a horovod build without Gloo: its extension lacks the Gloo controller.
-    monkeypatch.setattr(_stack, "_GLOO_MARKER", b"no-such-controller-in-this-build")
-    _stack._gloo_problem.cache_clear()
+    from horovod_ray.stack import build
+
+    monkeypatch.setattr(build, "_GLOO_MARKER", b"no-such-controller-in-this-build")
+    build._gloo_problem.cache_clear()
     try:
         with pytest.raises(HorovodRayError) as info:
             _executor(num_workers=1).start()
     finally:
-        _stack._gloo_problem.cache_clear()
+        build._gloo_problem.cache_clear()
     assert "horovod was built without Gloo" in str(info.value)
     assert "HOROVOD_WITH_GLOO=1" in str(info.value) and "pip install" in str(info.value)
     assert (len(all_actors()), len(all_placement_groups())) == baseline

@@ -58,9 +58,9 @@ def test_the_secret_is_not_made_at_import_time():
         "    original = getattr(secrets, name)\n"
         "    setattr(secrets, name, lambda *a, _o=original: calls.append(a) or _o(*a))\n"
         "urandom = os.urandom\n"
-        "import horovod_ray, horovod_ray.tune, horovod_ray.rendezvous\n"
+        "import horovod_ray, horovod_ray.tune, horovod_ray.rendezvous.server\n"
         "print('CALLS', len(calls))\n"
-        "from horovod_ray.rendezvous import RendezvousServer\n"
+        "from horovod_ray.rendezvous.server import RendezvousServer\n"
         "server = RendezvousServer('127.0.0.1', {'127.0.0.1'})\n"
         "print('AFTER_INIT', len(calls))\n"
     )

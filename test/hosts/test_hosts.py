@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from horovod_ray._stack import gloo_iface_fixed
+from horovod_ray.stack.build import gloo_iface_fixed
 from test.conftest import doc_blocks
 from test.hosts.simhosts import REPO, SimHosts, unavailable_reason
 

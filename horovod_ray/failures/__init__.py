@@ -1,0 +1,6 @@
+"""When ranks fail: who failed, what the caller sees, and starting again.
+
+Open ``attribution`` for the pure decisions (which ranks caused a failure, whether a node
+was lost, a hang, an elastic run's end), ``probe`` for looking at every rank after a
+failed call, and ``restarts`` for ``run(..., max_restarts=N)`` and ``attempt()``.
+"""

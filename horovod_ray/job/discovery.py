@@ -1,0 +1,157 @@
+"""Where an elastic job may run: Ray's node table as horovod's host discovery (narrowed,
+if the user gives one, by their own discovery's hosts), and the request to Ray's
+autoscaler for the room the job still lacks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Mapping
+
+import ray
+from horovod.runner.elastic.discovery import HostDiscovery
+
+from horovod_ray.job.layouts import ElasticLayout
+from horovod_ray.job.placement import nodes_named
+
+logger = logging.getLogger(__name__)
+
+
+def node_slots(
+    nodes: Iterable[Mapping[str, Any]],
+    per_worker: Mapping[str, float],
+    only_ip: str | None = None,
+) -> dict[str, int]:
+    """Slots per alive node (``ray.nodes()`` entries): how many ranks its resources hold.
+
+    Args:
+        nodes: Ray's node table.
+        per_worker: The resources one rank reserves.
+        only_ip: Count only nodes with this address (a job kept on the driver's machine).
+
+    Returns:
+        Node id -> slots, for nodes with at least one.
+    """
+    slots = {}
+    for node in nodes:
+        if not node.get("Alive") or (only_ip and node.get("NodeManagerAddress") != only_ip):
+            continue
+        resources = node.get("Resources", {})
+        fits = min(int(resources.get(name, 0) // amount) for name, amount in per_worker.items())
+        if fits > 0:
+            slots[node["NodeID"]] = fits
+    return slots
+
+
+def addresses_with_room(
+    nodes: Iterable[Mapping[str, Any]], per_worker: Mapping[str, float]
+) -> set[str]:
+    """The addresses of the alive nodes that have room for at least one rank."""
+    nodes = list(nodes)
+    with_room = node_slots(nodes, per_worker)
+    return {n["NodeManagerAddress"] for n in nodes if n["NodeID"] in with_room}
+
+
+def narrow(
+    slots: Mapping[str, int],
+    wanted: Mapping[str, int | None],
+    nodes: Iterable[Mapping[str, Any]],
+    driver_node_id: str,
+) -> tuple[dict[str, int], list[str]]:
+    """Ray's slots per node, narrowed to the hosts a user's discovery named. Pure.
+
+    Args:
+        slots: Node id -> the ranks its room holds (:func:`node_slots`).
+        wanted: Host -> slots (None: as many as there is room for), a host being a
+            node's address, host name or id, or ``localhost`` (the driver's node).
+        nodes: Ray's node table.
+        driver_node_id: The driver's node.
+
+    Returns:
+        Node id -> the fewer of the two counts, for nodes named and with room; and the
+        hosts that name no node (or several), which are left out.
+    """
+    nodes = list(nodes)
+    narrowed, unknown = {}, []
+    for host, count in wanted.items():
+        found = nodes_named(host, nodes, driver_node_id)
+        if len(found) != 1:
+            unknown.append(host)
+            continue
+        room = slots.get(found[0], 0)
+        fits = room if count is None else min(room, count)
+        if fits > 0:
+            narrowed[found[0]] = fits
+    return narrowed, unknown
+
+
+class NodeDiscovery(HostDiscovery):
+    """horovod's host discovery over Ray's node table, read at most every ``interval_s``.
+
+    With ``hosts`` (the user's ``HostDiscovery``, asked as often), only the nodes it names
+    are used, each with at most the slots it gives.
+    """
+
+    def __init__(
+        self,
+        per_worker: Mapping[str, float],
+        only_ip: str | None,
+        interval_s: float,
+        hosts: HostDiscovery | None = None,
+    ) -> None:
+        super().__init__()
+        self._per_worker = dict(per_worker)
+        self._only_ip = only_ip
+        self._interval_s = interval_s
+        self._hosts = hosts
+        self._driver_node_id = ray.get_runtime_context().get_node_id()
+        self._unknown: set[str] = set()
+        self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
+
+    def find_available_hosts_and_slots(self) -> dict[str, int]:
+        read_at, slots = self._last
+        if time.monotonic() - read_at >= self._interval_s:
+            nodes = ray.nodes()
+            slots = node_slots(nodes, self._per_worker, self._only_ip)
+            if self._hosts is not None:
+                wanted = self._hosts.find_available_hosts_and_slots()
+                slots, unknown = narrow(slots, wanted, nodes, self._driver_node_id)
+                for host in sorted(set(unknown) - self._unknown):
+                    logger.info("elastic job: discovered host %r is no single Ray node", host)
+                self._unknown.update(unknown)
+            self._last = (time.monotonic(), slots)
+        return dict(slots)
+
+
+class AutoscalerRequest:
+    """Asks Ray's autoscaler for room for ``max_workers`` ranks; withdrawn at the end.
+
+    ``request_resources`` is one standing request for the cluster's total size (each call
+    replaces the last), so it covers the ranks already running and the missing ones.
+    Without ``max_workers``, it asks for ``min_workers``.
+    """
+
+    def __init__(self, layout: ElasticLayout, per_rank: dict[str, float]) -> None:
+        wanted = layout.max_workers or layout.min_workers
+        self._bundles = [per_rank] * wanted
+        self._asked = False
+
+    def ask(self) -> None:
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=self._bundles)
+            self._asked = True
+        except Exception:  # noqa: BLE001 - a hint; the job runs on what there is
+            logger.warning("could not ask the autoscaler for room", exc_info=True)
+
+    def withdraw(self) -> None:
+        if not self._asked:
+            return
+        from ray.autoscaler.sdk import request_resources
+
+        try:
+            request_resources(bundles=[])
+        except Exception:  # noqa: BLE001 - Ray already gone
+            logger.debug("withdrawing the autoscaler request failed", exc_info=True)
+        self._asked = False

@@ -1,0 +1,169 @@
+"""Where a job is in its life: the states, the moves allowed between them, one writer.
+
+:class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
+elastic run's (``elastic.RunState``).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from horovod_ray.errors import StartCancelledError
+
+
+class ExecutorState(enum.Enum):
+    """Where a RayExecutor is in its life.
+
+    Allowed transitions (``TRANSITIONS``)::
+
+        CREATED  -> STARTING -> RUNNING -> STOPPING -> STOPPED
+        CREATED  -> STOPPED                 (stop() before start())
+        STARTING -> FAILED                  (start failed; everything taken was released)
+        STARTING -> STOPPED                 (stop() during start(): start() gave up and
+                                             released everything)
+        STOPPING -> FAILED                  (a rank failed, or a call was aborted by
+                                             Ctrl-C or a raising callback; the job was
+                                             stopped on the way)
+
+    STOPPED and FAILED are final: a new job needs a new RayExecutor.
+    """
+
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+_S = ExecutorState
+TRANSITIONS: dict[ExecutorState, frozenset[ExecutorState]] = {
+    _S.CREATED: frozenset({_S.STARTING, _S.STOPPED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.FAILED, _S.STOPPED}),
+    _S.RUNNING: frozenset({_S.STOPPING}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
+    _S.STOPPED: frozenset(),
+    _S.FAILED: frozenset(),
+}
+FINAL = frozenset({_S.STOPPED, _S.FAILED})
+
+
+class RunState(enum.Enum):
+    """Where an elastic run is.
+
+    Allowed transitions (``RUN_TRANSITIONS``), in ``elastic_run.ElasticRun``::
+
+        CREATED -> RUNNING -> STOPPING -> ENDED
+        CREATED -> STOPPING                 (stop() before the run began)
+
+    The run's own thread moves RUNNING -> STOPPING when the driver finished, stop() does
+    from any thread; only the run's thread moves STOPPING -> ENDED, once all is released.
+    """
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    ENDED = "ended"
+
+
+_R = RunState
+RUN_TRANSITIONS = {
+    _R.CREATED: frozenset({_R.RUNNING, _R.STOPPING}),
+    _R.RUNNING: frozenset({_R.STOPPING}),
+    _R.STOPPING: frozenset({_R.ENDED}),
+    _R.ENDED: frozenset(),
+}
+
+
+class Lifecycle:
+    """A state and its table of moves; :meth:`transition` is the only place it changes.
+
+    Args:
+        transitions: State -> the states it may move to (the executor's by default).
+        initial: The first state.
+    """
+
+    def __init__(
+        self,
+        transitions: Mapping[enum.Enum, frozenset] = TRANSITIONS,
+        initial: enum.Enum = ExecutorState.CREATED,
+    ) -> None:
+        self._transitions = transitions
+        self._state = initial
+        self._changed = threading.Condition()
+
+    @property
+    def state(self) -> Any:
+        return self._state
+
+    def is_in(self, *states: enum.Enum) -> bool:
+        """Whether the state is one of ``states``."""
+        return self._state in states
+
+    def transition(self, allowed_from: Iterable[enum.Enum], to: enum.Enum) -> bool:
+        """Moves to ``to`` if the state is one of ``allowed_from``; says whether it moved.
+
+        Raises:
+            RuntimeError: ``TRANSITIONS`` has no such move (a bug in the caller).
+        """
+        with self._changed:
+            current = self._state
+            if current not in set(allowed_from):
+                return False
+            if to not in self._transitions[current]:
+                raise RuntimeError(f"no transition {current.value} -> {to.value}")
+            self._state = to
+            self._changed.notify_all()
+            return True
+
+    def wait_for(self, states: Iterable[enum.Enum], timeout_s: float) -> bool:
+        """Waits until the state is one of ``states``; False if ``timeout_s`` passed first."""
+        wanted = set(states)
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._state not in wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    def finish_start(self, release: Callable[[], None], cancelled: bool) -> None:
+        """After a failed start: ``release()``, then STARTING -> FAILED (STOPPED when
+        stop() cancelled the start), whatever it raised."""
+        try:
+            release()
+        finally:
+            final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
+            self.transition([ExecutorState.STARTING], final)
+
+    def end(self, release: Callable[[], None], final: ExecutorState) -> None:
+        """From STOPPING (the caller moved there, under its own lock): ``release()``, then
+        ``final`` (STOPPED or FAILED) whatever it raised."""
+        try:
+            release()
+        finally:
+            self.transition([ExecutorState.STOPPING], final)
+
+
+def state_hint(state: ExecutorState) -> str:
+    """What to do about a call in ``state``, for the error that refuses it."""
+    if state is ExecutorState.CREATED:
+        hint = "call start() first (or use `with RayExecutor(...) as executor:`)"
+    elif state is ExecutorState.FAILED:
+        hint = "the job failed and was stopped; create a new RayExecutor"
+    else:
+        hint = "the job was stopped; create a new RayExecutor"
+    return f"this one is {state.value}: {hint}"
+
+
+class Cancel(threading.Event):
+    """Set by stop() while start() runs; the start's waits call :meth:`check`."""
+
+    def check(self) -> None:
+        """Raises StartCancelledError once set: the start gives up where it is."""
+        if self.is_set():
+            raise StartCancelledError()

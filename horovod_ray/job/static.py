@@ -1,0 +1,399 @@
+"""A static job: a fixed set of ranks, placed once at start() and kept until stop().
+
+Start is all-or-nothing. The job plans its placement (``placement``), reserves the group,
+then walks the bring-up path (``bringup``) for all its ranks at once: one actor per
+bundle slot -> each actor's node facts -> ranks (``assignment.assign_ranks``, pure) -> each
+node's Gloo interface (``network``, pure) -> the rendezvous server -> each rank's
+environment -> setup. Everything taken is recorded in a :class:`Held` as it is taken, so
+that a failure at any step releases it all.
+
+A call goes to every rank (``calls``). When one fails, ``probe.probe`` looks at every
+rank, the job is released, ``attribution.attribute`` decides which ranks caused it, and the
+caller gets ``attribution.error_for``'s error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable
+
+import ray
+from ray.util.client import ray as ray_client
+from ray.util.placement_group import PlacementGroup
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from horovod_ray.errors import HangError, PlacementTimeoutError, WorkerFailedError
+from horovod_ray.failures import attribution, probe
+from horovod_ray.job import bringup, placement
+from horovod_ray.job.layouts import WorkerLayout
+from horovod_ray.rank import calls, logs, network, priority
+from horovod_ray.rank.assignment import RankInfo, WorkerRecord, assign_ranks
+from horovod_ray.rank.network import NodeFacts
+from horovod_ray.rendezvous.server import ClusterRendezvous, RendezvousServer
+from horovod_ray.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+# Seconds to wait for Ray to confirm that killed workers are gone.
+STOP_CONFIRM_S = 10.0
+# After horovod shut a job down, longest wait for the ranks that waited to raise; the
+# wait ends once none has for SETTLE_QUIET_S.
+SETTLE_S = 1.0
+SETTLE_QUIET_S = 0.1
+
+Rendezvous = RendezvousServer | ClusterRendezvous
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One rank of a running job: its actor, its identity, where it runs."""
+
+    actor: Any
+    rank: RankInfo
+    node: NodeFacts
+
+
+@dataclasses.dataclass
+class Held:
+    """What a job holds, or what start() has taken so far; given back by :func:`release`."""
+
+    group: PlacementGroup | None = None
+    owns_group: bool = False
+    actors: list[Any] = dataclasses.field(default_factory=list)
+    rendezvous: Rendezvous | None = None
+
+
+def table(members: tuple[Member, ...]) -> str:
+    """The ranks, a line each: world rank, local and cross rank/size, node, ip, GPUs."""
+    lines = ["rank  local  cross  node              ip               gpus"]
+    for member in members:
+        rank = member.rank
+        lines.append(
+            f"{rank.world_rank:>4}  {rank.local_rank:>2}/{rank.local_size:<2}  "
+            f"{rank.cross_rank:>2}/{rank.cross_size:<2}  {rank.node_id[:16]:<16}  "
+            f"{member.node.node_ip:<15}  {','.join(rank.visible_gpus) or '-'}"
+        )
+    return "\n".join(lines)
+
+
+class StaticJob:
+    """The job kind of ``RayExecutor(num_workers=...)`` / ``num_hosts``: every call is
+    taken, on the ranks placed at start.
+
+    Args:
+        settings: Timeouts, interfaces, verbosity.
+        layout: How many ranks, where, and what each reserves.
+    """
+
+    def __init__(self, settings: Settings, layout: WorkerLayout) -> None:
+        self._settings = settings
+        self._layout = layout
+        self._extra_env: dict[str, str] = {}
+        self._executable: bytes | None = None
+        self._plan: placement.PlacementPlan | None = None
+        self._group: PlacementGroup | None = None
+        self._dispatcher = calls.Dispatcher()
+        self._release_lock = threading.Lock()
+        self._released = False
+        self.held = Held()
+        # In world-rank order; set once start() has placed every rank.
+        self.members: tuple[Member, ...] = ()
+        # Seconds start() spent reserving the group, starting the actors, and setting up
+        # the ranks' environments (the rendezvous server included).
+        self.start_s: dict[str, float] = {}
+
+    # ------------------------------------------------------------------------ start
+
+    def prepare(self) -> None:
+        """Plans the placement: a bad layout raises ConfigError before anything is taken."""
+        if self._layout.hosts is not None:
+            # Named nodes: matched now, before anything is taken (an unknown host fails).
+            names = [name for name, _ in self._layout.hosts]
+            driver = ray.get_runtime_context().get_node_id()
+            node_ids = placement.match_hosts(names, ray.nodes(), driver)
+            self._plan, self._group = placement.plan_hosts(self._layout, node_ids), None
+            return
+        group = placement.current_group(self._layout)
+        if group is None:
+            self._layout.require_counts()
+            self._plan = placement.plan_new_group(self._layout)
+        else:
+            self._plan = placement.plan_existing_group(self._layout, group.bundle_specs)
+        self._group = group
+
+    def start(
+        self, extra_env: dict[str, str], executable: bytes | None, check: Callable[[], None]
+    ) -> None:
+        """Places the ranks, starts the rendezvous, sets every rank up; on any failure
+        releases what it took and re-raises. Calls ``check`` at every wait; whatever it
+        raises ends the start.
+
+        Args:
+            extra_env: More environment variables for every rank.
+            executable: ``executable_cls`` pickled with its arguments, or None.
+            check: Called at every wait.
+        """
+        self._extra_env, self._executable = extra_env, executable
+        try:
+            self.members = self._place(check)
+            began = time.perf_counter()
+            envs = self._environments()
+            setups = [
+                bringup.setup(m.actor, env, m.rank, self._executable, self._settings.niceness)
+                for m, env in zip(self.members, envs, strict=True)
+            ]
+            bringup.wait_all(setups, math.inf, check)
+            get_all(setups, "set up its environment or build executable_cls", self.members)
+            self.start_s["environment"] = time.perf_counter() - began
+        except BaseException:
+            self.stop(grace_s=0)
+            raise
+
+    def _place(self, check: Callable[[], None]) -> tuple[Member, ...]:
+        """Reserves the group, starts one actor per slot; the ranks in world-rank order."""
+        held, plan, timeout_s = self.held, self._plan, self._settings.placement_group_timeout_s
+        began = time.perf_counter()
+        if plan.bundles:
+            held.group = placement.reserve(plan, timeout_s, check=check)
+            held.owns_group = True
+        else:
+            held.group = self._group
+        self.start_s["placement"] = time.perf_counter() - began
+        began = time.perf_counter()
+        for bundle_index in plan.worker_bundles:
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=held.group, placement_group_bundle_index=bundle_index
+            )
+            held.actors.append(bringup.spawn(self._layout, strategy))
+        # The first answer from each actor also tells us it was scheduled.
+        info_refs = [actor.node_info.remote() for actor in held.actors]
+        not_ready = bringup.wait_all(info_refs, timeout_s, check)
+        if not_ready:
+            raise PlacementTimeoutError(
+                f"{len(not_ready)} of {len(info_refs)} workers were not scheduled within "
+                f"placement_group_timeout_s={timeout_s:g}s inside the placement group "
+                f"(bundles {held.group.bundle_specs}); give the group more room or fewer "
+                f"workers"
+            )
+        nodes: list[NodeFacts] = get_all(info_refs, "report its node")
+        priority.check(self._settings.niceness, nodes)
+        self.start_s["actors"] = time.perf_counter() - began
+        infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
+        members = (Member(a, i, n) for a, i, n in zip(held.actors, infos, nodes, strict=True))
+        return tuple(sorted(members, key=lambda m: m.rank.world_rank))
+
+    def _environments(self) -> list[dict[str, str]]:
+        """Chooses each node's interface, starts the rendezvous; each rank's environment."""
+        settings, held = self._settings, self.held
+        nodes = [m.node for m in self.members]
+        # A Ray Client driver is outside the cluster, out of the workers' reach: its
+        # rendezvous server then runs on rank 0's node instead of the driver's.
+        client = ray_client.is_connected()
+        host_ip = nodes[0].node_ip if client else ray.util.get_node_ip_address()
+        local = bringup.is_local((node.node_ip for node in nodes), host_ip)
+        # Decided for every node before the rendezvous server starts: a node that cannot
+        # take part fails the start with nothing more taken.
+        ifaces = network.gloo_ifaces(nodes, settings.nics, local)
+        network.check_hostnames(nodes, local)
+        bind = bringup.bind_address(local, host_ip)
+        allowed = {bind} | {node.node_ip for node in nodes}
+        if client:
+            held.rendezvous = ClusterRendezvous(
+                nodes[0].node_id,
+                bind,
+                allowed,
+                settings.verbose,
+                settings.placement_group_timeout_s,
+            )
+        else:
+            held.rendezvous = RendezvousServer(bind, allowed, settings.verbose)
+        held.rendezvous.start([m.rank for m in self.members])
+        common = bringup.common_env(held.rendezvous, settings, elastic=False)
+        return [
+            bringup.rank_env(m.rank, common, iface, self._extra_env)
+            for m, iface in zip(self.members, ifaces, strict=True)
+        ]
+
+    def started_message(self) -> str:
+        """What start() logs: its phases, the rendezvous, the rank table."""
+        host, port = self.held.rendezvous.address
+        phases = ", ".join(f"{name} {s:.2f}s" for name, s in self.start_s.items())
+        return f"Horovod job started ({phases}), rendezvous {host}:{port}\n{table(self.members)}"
+
+    # ------------------------------------------------------------------------ calls
+
+    def refuse(self, action: str, call: calls.Call | None) -> None:
+        """A static job takes every call and answers every question about its ranks."""
+
+    def admit(self) -> None:
+        """Calls may overlap (``run_remote`` then ``run``): nothing to claim."""
+
+    @property
+    def actors(self) -> list[Any]:
+        return [m.actor for m in self.members]
+
+    @property
+    def ranks(self) -> list[RankInfo]:
+        return [m.rank for m in self.members]
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        return self.held.rendezvous
+
+    @property
+    def rendezvous_address(self) -> tuple[str, int]:
+        return self.held.rendezvous.address
+
+    @property
+    def placement_group(self) -> PlacementGroup | None:
+        return self.held.group
+
+    def call(
+        self,
+        call: calls.Call,
+        callbacks: list[Callable[[dict], None]],
+        all_ranks: bool = True,
+        failing: Callable[[], None] = lambda: None,
+    ) -> list[Any]:
+        """Runs ``call`` on every rank (rank 0 only without ``all_ranks``), passing rank
+        0's ``log()`` dicts to ``callbacks``; each rank's value, in world-rank order.
+        ``failing`` is called when a rank failed, once every rank was looked at and before
+        the job is released.
+
+        Raises:
+            WorkerFailedError: A rank raised or died; the job has been released.
+        """
+        message = self._dispatcher.message(call, all_ranks)
+        actors = self.actors if all_ranks else self.actors[:1]
+        refs = [calls.send(actor, message) for actor in actors]
+        started = time.monotonic()
+        try:
+            if callbacks:
+                results = logs.collect(actors[0], refs, logs.to_all(callbacks), message.call_id)
+            else:
+                # ray.get returns as soon as any of the refs holds an error.
+                results = ray.get(refs)
+        except ray.exceptions.RayError:
+            self._fail(refs, time.monotonic() - started, failing)
+        if all_ranks:
+            self._dispatcher.completed(call, message)
+        return results
+
+    def stacks(self, timeout_s: float) -> dict[int, str]:
+        """Every rank's stacks, asked on the ranks' control threads."""
+        texts = probe.stacks(self.actors, range(len(self.members)), timeout_s)
+        return {
+            rank: text
+            or f"rank {rank} {self.members[rank].node.where} gave no stacks within {timeout_s:g}s\n"
+            for rank, text in texts.items()
+        }
+
+    def send(self, call: calls.Call) -> list[ray.ObjectRef]:
+        """Starts ``call`` on every rank without waiting; one ref per rank, holding what
+        the function returned or, as it was raised, what it raised."""
+        message = self._dispatcher.message(call)
+        return [calls.send(actor, message, as_raised=True) for actor in self.actors]
+
+    def _fail(
+        self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], None]
+    ) -> None:
+        """Works out who caused a failure (see attribution.py), releases the job, raises."""
+        timeout_s = self._settings.timeout_s
+        stopped = _settle_if_collectives_stopped(refs)
+        snapshot, first = probe.probe(
+            self.actors,
+            [m.node.where for m in self.members],
+            [m.node.node_id for m in self.members],
+            refs,
+            self.rendezvous.joined_ranks(),
+            elapsed_s,
+            timeout_s,
+        )
+        lost = any(view.seen in attribution.LOST for view in snapshot.ranks)
+        error = self._hang_error(snapshot) if stopped and not lost else None
+        if error is None:
+            error = attribution.error_for(attribution.attribute(snapshot), timeout_s)
+        failing()
+        self.stop(grace_s=0)
+        for ref in refs:
+            # Read every outcome, so Ray does not log the rest as unhandled errors.
+            probe.error_of(ref)
+        raise error from first
+
+    def _hang_error(self, snapshot: attribution.Snapshot) -> HangError | None:
+        """The HangError, if horovod shut the job down for a stall or every rank waited
+        in a collective for Gloo's timeout; read now, before anything is released."""
+        running = [r for r, view in enumerate(snapshot.ranks) if view.running]
+        stacks, stderr = probe.stacks_and_stderr(self.actors, running, probe.LIVENESS_TIMEOUT_S)
+        stall = attribution.stalled(snapshot, attribution.stall_report(stderr[0]))
+        if stall is not None:
+            return attribution.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
+        return attribution.gloo_timed_out(snapshot, stderr, self._settings.timeout_s)
+
+    # ------------------------------------------------------------------------- stop
+
+    def stop(self, grace_s: float) -> None:
+        """Releases everything the job holds, once (see :func:`release`)."""
+        with self._release_lock:
+            if self._released:
+                return
+            self._released = True
+            release(self.held, grace_s)
+
+
+def _settle_if_collectives_stopped(refs: list[ray.ObjectRef]) -> bool:
+    """Whether a rank failed because horovod's collectives stopped (its shut-down error, or
+    Gloo's); if one did, the others that waited raise within moments: waits up to
+    SETTLE_S for them."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    if not any(attribution.collectives_stopped(str(probe.error_of(ref))) for ref in ready):
+        return False
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:  # until no more rank raises for a moment
+        now, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_QUIET_S)
+        if len(now) == len(ready):
+            break
+        ready = now
+    return True
+
+
+def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:
+    """ray.get of every ref; WorkerFailedError naming each rank whose ref failed."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayError as first:
+        failed = {}
+        for index, ref in enumerate(refs):
+            err = probe.error_of(ref)
+            if err is not None:
+                where = probe.describe(err, members[index].node.where) if members else str(err)
+                failed[index] = f"failed to {what}: {where}"
+        raise WorkerFailedError(failed) from probe.unwrapped(first)
+
+
+def release(held: Held, grace_s: float) -> None:
+    """Gives back what a job holds, newest first; each step runs whatever the last did.
+
+    Idle workers get ``grace_s`` to exit on their own, then are killed; returns once Ray
+    has seen them die (so their resources are free), after the rendezvous server is
+    closed and a placement group the job created is removed.
+    """
+    actors, rendezvous = held.actors, held.rendezvous
+    try:
+        if actors:
+            exits = [actor.exit.remote() for actor in actors]
+            if grace_s > 0:
+                ray.wait(exits, num_returns=len(exits), timeout=grace_s)
+            bringup.kill(actors)
+            ray.wait(exits, num_returns=len(exits), timeout=STOP_CONFIRM_S)
+    finally:
+        try:
+            if rendezvous is not None:
+                rendezvous.stop()
+        finally:
+            if held.group is not None and held.owns_group:
+                ray.util.remove_placement_group(held.group)

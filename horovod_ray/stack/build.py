@@ -1,0 +1,105 @@
+"""Checks that the installed horovod can run a Gloo job with TensorFlow.
+
+``require_gloo()`` is the cheap check the executor makes before taking any Ray resource:
+it looks inside horovod's TensorFlow extension for the Gloo controller without importing
+TensorFlow. ``python -m horovod_ray.stack.check_install`` is the full check ``make install``
+runs, through horovod's own probes.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import importlib.metadata
+import importlib.util
+import mmap
+import os
+
+from horovod_ray.errors import HorovodRayError
+
+INSTALL_HINT = (
+    "reinstall horovod with Gloo: `make install` in a horovod_ray checkout, or, with the "
+    "fixes in patches/ applied to its source as docs/install.rst shows, "
+    "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 "
+    "HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation "
+    "--no-cache-dir ./horovod-0.28.1"
+)
+
+# Only a build with HAVE_GLOO compiles horovod's Gloo controller into the extension.
+_GLOO_MARKER = b"GlooController"
+# A string that only a horovod built with patches/horovod-*-gloo-process-set-iface.patch
+# holds: its process-set Gloo context then uses HOROVOD_GLOO_IFACE like the global one.
+_IFACE_FIX_MARKER = b"Gloo process set device interface"
+
+
+@functools.cache
+def _tf_extension() -> str | None:
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package_dir = list(spec.submodule_search_locations)[0]
+    libs = glob.glob(os.path.join(package_dir, "tensorflow", "mpi_lib*.so"))
+    return libs[0] if libs else None
+
+
+def _extension_has(marker: bytes) -> bool:
+    path = _tf_extension()
+    if path is None:
+        return False
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(marker) >= 0
+
+
+@functools.cache
+def _gloo_problem() -> str | None:
+    if importlib.util.find_spec("horovod") is None:
+        return "horovod is not installed"
+    if _tf_extension() is None:
+        return "horovod was built without TensorFlow support"
+    if not _extension_has(_GLOO_MARKER):
+        return "horovod was built without Gloo"
+    return None
+
+
+@functools.cache
+def gloo_iface_fixed() -> bool:
+    """Whether horovod's collectives honour HOROVOD_GLOO_IFACE (this repo's patch).
+
+    A stock horovod 0.28.1 uses the interface only for its first Gloo context; the one
+    that carries every collective resolves the host's name instead (see docs/clusters.rst,
+    "Host names that resolve to loopback").
+    """
+    return _gloo_problem() is None and _extension_has(_IFACE_FIX_MARKER)
+
+
+@functools.cache
+def batched_rendezvous() -> bool:
+    """Whether horovod's ranks rendezvous in batched requests (this repo's patch); a
+    stock horovod sends Gloo's per-key requests, which the server answers too, slower
+    (see docs/clusters.rst, "Large jobs")."""
+    return _gloo_problem() is None and _extension_has(b"HTTP multi_get_parts")
+
+
+@functools.cache
+def keras3_port() -> bool | None:
+    """Whether horovod's Keras API is ported to Keras 3 (this repo's patches
+    horovod-*-keras3-*.patch); None where the installed Keras is not 3 (the 2023 line),
+    which stock horovod supports."""
+    try:
+        major = int(importlib.metadata.version("keras").split(".")[0])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if major < 3:
+        return None
+    spec = importlib.util.find_spec("horovod")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    package_dir = list(spec.submodule_search_locations)[0]
+    return os.path.exists(os.path.join(package_dir, "_keras", "keras3.py"))
+
+
+def require_gloo() -> None:
+    """Raises HorovodRayError, naming the install command, unless horovod has Gloo + TF."""
+    problem = _gloo_problem()
+    if problem is not None:
+        raise HorovodRayError(f"{problem}; {INSTALL_HINT}")

@@ -1,0 +1,237 @@
+"""``DistributedTrainableCreator``: a Tune Trainable whose every trial is a Horovod job.
+
+How a trial runs:
+
+* The trial reserves one bundle per host (``num_slots * num_cpus_per_slot`` CPUs, plus
+  GPUs) and an empty head bundle, so the trial's own actor takes nothing; the trial's
+  RayExecutor places its ranks inside that group.
+* Its ranks run the function under a Tune session of their own (``session``).
+* The job is stopped when the trial fails, is stopped by a scheduler or paused, and when
+  Tune stops the trial's actor. A trial that finishes leaves its job running, idle, for
+  the next trial on the same actor: with ``TuneConfig(reuse_actors=True)`` Tune hands a
+  finished trial's actor (and its placement group) to the next trial, whose ranks then
+  have the framework imported and Horovod joined already. ``hvd.init()`` on a rank that
+  is still initialised does nothing; after ``hvd.shutdown()`` it joins again. A warm job
+  is checked with one no-op call before a trial uses it, and replaced if that fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import ray
+from ray import tune
+
+from horovod_ray.errors import ConfigError, HorovodRayError
+from horovod_ray.executor import ExecutorState, RayExecutor
+from horovod_ray.job.layouts import WorkerLayout
+from horovod_ray.rank.calls import pickle_fn
+from horovod_ray.settings import Settings, create_settings, require_positive
+from horovod_ray.tune.session import forward, pack_checkpoint, rank_main, wrap_function
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrialSpec:
+    func: Callable[[dict], Any]
+    settings: Settings
+    num_hosts: int
+    num_slots: int
+    num_cpus_per_slot: float
+    use_gpu: bool
+
+
+class _TrialJobs:
+    """The Horovod jobs of the trials on this actor (one process, one trial at a time).
+
+    ``active``: the running trial's job, so that cleanup() can stop it while the trial's
+    thread still waits on its ranks. ``warm``: the idle job a finished trial left for the
+    next trial on this actor, with the spec it was made for.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: set[RayExecutor] = set()
+        self._warm: tuple[_TrialSpec, RayExecutor] | None = None
+
+    def stop_all(self) -> None:
+        """Stops the running trial's job, if any, and the warm one."""
+        with self._lock:
+            executors = list(self._active)
+            if self._warm is not None:
+                executors.append(self._warm[1])
+                self._warm = None
+        for executor in executors:
+            executor.stop()
+
+    def take_warm(self, spec: _TrialSpec) -> RayExecutor | None:
+        """The job a finished trial left, if it fits ``spec`` and still works; active."""
+        with self._lock:
+            warm, self._warm = self._warm, None
+            if warm is None:
+                return None
+            warm_spec, executor = warm
+            self._active.add(executor)  # cleanup() must find it while it is being checked
+        current = ray.util.get_current_placement_group()
+        try:
+            # placement_group raises when the job is no longer running.
+            same_group = current is not None and executor.placement_group.id == current.id
+            if warm_spec == spec and same_group:
+                executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
+                return executor
+        except HorovodRayError:
+            logger.info("the last trial's warm Horovod job failed or stopped; starting a new one")
+        self.finish(spec, executor, keep=False)
+        return None
+
+    def begin(self, executor: RayExecutor) -> None:
+        with self._lock:
+            self._active.add(executor)
+
+    def finish(self, spec: _TrialSpec, executor: RayExecutor, keep: bool) -> None:
+        """Ends a trial's use of ``executor``: kept warm if ``keep`` and still running."""
+        with self._lock:
+            self._active.discard(executor)
+            keep = keep and executor.state is ExecutorState.RUNNING
+            if keep:
+                self._warm = (spec, executor)
+        if not keep:
+            executor.stop()
+
+
+_jobs = _TrialJobs()
+
+
+def _stop_all() -> None:
+    # Module-level, so that the trainable class (pickled by value) refers to it by name
+    # and never tries to pickle the process's _TrialJobs with its lock.
+    _jobs.stop_all()
+
+
+def _run_trial(config: dict, spec: _TrialSpec) -> None:
+    """Runs on the trial's actor: the trial's Horovod job, warm from the last trial or new."""
+    checkpoint = pack_checkpoint(tune.get_checkpoint())
+    context = tune.get_context()
+    trial_info = {
+        "trial_name": context.get_trial_name(),
+        "trial_id": context.get_trial_id(),
+        "trial_resources": context.get_trial_resources(),
+        "experiment_name": context.get_experiment_name(),
+    }
+    executor = _jobs.take_warm(spec)
+    fresh = executor is None
+    if fresh:
+        # Inside the trial's placement group: the ranks take its bundles.
+        executor = RayExecutor(
+            spec.settings,
+            num_hosts=spec.num_hosts,
+            num_workers_per_host=spec.num_slots,
+            cpus_per_worker=spec.num_cpus_per_slot,
+            use_gpu=spec.use_gpu,
+        )
+    _jobs.begin(executor)
+    finished = False
+    try:
+        if fresh:
+            executor.start()
+        executor.run(
+            rank_main, args=[spec.func, config, checkpoint, trial_info], callbacks=[forward]
+        )
+        finished = True
+    finally:
+        _jobs.finish(spec, executor, keep=finished)
+
+
+def _check_signature(func: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError) as err:
+        raise ConfigError("func", f"cannot read the signature of func: {err}") from err
+    try:
+        signature.bind({})
+    except TypeError as err:
+        raise ConfigError(
+            "func",
+            f"func must take exactly one argument, the trial's config (def train(config): "
+            f"...), got {func.__name__}{signature}",
+        ) from err
+
+
+def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovod.ray.tune
+    func: Callable[[dict], Any],
+    num_hosts: int = 1,
+    num_slots: int = 1,
+    num_cpus_per_slot: float = 1,
+    use_gpu: bool = False,
+    timeout_s: float = 120,
+) -> type[tune.Trainable]:
+    """Makes a Tune Trainable whose every trial runs ``func`` as a Horovod job.
+
+    Args:
+        func: A Tune function, ``func(config)``, that calls ``hvd.init()``, reports with
+            ``ray.tune.report(metrics, checkpoint=...)`` and resumes from
+            ``ray.tune.get_checkpoint()``. Rank 0's reports are the trial's results.
+        num_hosts: Nodes per trial (one placement bundle each; strictly spread when > 1).
+        num_slots: Ranks per node.
+        num_cpus_per_slot: CPUs each rank reserves.
+        use_gpu: Reserve one GPU per rank.
+        timeout_s: Seconds Gloo waits for peers before failing.
+
+    Returns:
+        A ``tune.Trainable`` subclass for ``tune.Tuner`` (or ``tune.run``).
+
+    Raises:
+        ConfigError: A bad argument; raised here, not inside a trial.
+    """
+    if not callable(func):
+        raise ConfigError("func", f"func must be a function taking config, got {func!r}")
+    _check_signature(func)
+    require_positive("num_hosts", num_hosts, integer=True)
+    require_positive("num_slots", num_slots, integer=True)
+    require_positive("num_cpus_per_slot", num_cpus_per_slot)
+    if not isinstance(use_gpu, bool):
+        raise ConfigError("use_gpu", f"use_gpu must be True or False, got {use_gpu!r}")
+    settings = create_settings(timeout_s=timeout_s)
+    layout = WorkerLayout(
+        num_hosts=num_hosts,
+        num_workers_per_host=num_slots,
+        cpus_per_worker=num_cpus_per_slot,
+        use_gpu=use_gpu,
+    )
+    pickle_fn("func", func)
+
+    per_host = {name: amount * num_slots for name, amount in layout.worker_resources().items()}
+    resources = tune.PlacementGroupFactory(
+        [{}] + [dict(per_host) for _ in range(num_hosts)],
+        strategy="STRICT_SPREAD" if num_hosts > 1 else "PACK",
+    )
+
+    spec = _TrialSpec(func, settings, num_hosts, num_slots, num_cpus_per_slot, use_gpu)
+
+    def run_trial(config: dict) -> None:
+        # Only module-level names in here: Tune pickles this closure by value.
+        _run_trial(config, spec)
+
+    name = getattr(func, "__name__", "func")
+    base = wrap_function(run_trial, name=f"Horovod_{name}")
+
+    class DistributedTrainable(base):  # type: ignore[misc, valid-type]
+        """A Tune trial running ``func`` on a Horovod job (see DistributedTrainableCreator)."""
+
+        @classmethod
+        def default_resource_request(cls, config: dict) -> tune.PlacementGroupFactory:
+            return resources
+
+        def cleanup(self) -> None:
+            _stop_all()
+            super().cleanup()
+
+    DistributedTrainable.__name__ = f"DistributedTrainable_{name}"
+    DistributedTrainable.__qualname__ = DistributedTrainable.__name__
+    return DistributedTrainable

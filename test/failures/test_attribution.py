@@ -1,0 +1,367 @@
+"""Failure policy as pure functions, for both kinds of job: tables, no Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from horovod_ray import (
+    ElasticLimitError,
+    HangError,
+    HorovodRayError,
+    RendezvousError,
+    WorkerFailedError,
+)
+from horovod_ray.failures.attribution import (
+    ElasticEnd,
+    RankView,
+    Seen,
+    Snapshot,
+    attribute,
+    collectives_stopped,
+    elastic_error,
+    error_for,
+    gloo_timed_out,
+    gone_nodes,
+    hang_error,
+    stall_report,
+    stalled,
+)
+
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
+A, D, U, S = Seen.ALIVE, Seen.DIED, Seen.UNREACHABLE, Seen.SILENT
+
+
+def snapshot(layout: str, seen: str, raised: str = "", joined: str = "", **kw) -> Snapshot:
+    """One letter per rank: ``layout`` its node, ``seen`` its process (a/d/u/s), ``raised``
+    x where its call raised, ``joined`` n where it never joined the rendezvous."""
+    states = {"a": A, "d": D, "u": U, "s": S}
+    views = tuple(
+        RankView(
+            node_id=node,
+            where=f"on node {node}",
+            raised="Boom" if raised[i : i + 1] == "x" else None,
+            seen=states[seen[i]],
+            lost_text=f"lost on {node}" if seen[i] != "a" else "",
+            joined=joined[i : i + 1] != "n",
+        )
+        for i, node in enumerate(layout)
+    )
+    return Snapshot(views, **kw)
+
+
+@pytest.mark.parametrize(
+    "layout, seen, raised, kind, causes, consequences",
+    [
+        # One rank raised; the others are fine.
+        ("aab", "aaa", ".x.", "raised", {1}, set()),
+        # A rank's process died; its peers raised because of it.
+        ("aa", "ad", "x.", "lost", {1}, {0}),
+        # Node b removed (Ray reports its ranks dead); rank 0 on node a died after it.
+        ("aabb", "dadd", "", "lost", {2, 3}, {0}),
+        # Node b unreachable while one of its ranks still answered; rank 0 followed.
+        ("aabb", "daua", "", "lost", {2}, {0}),
+        # A rank hung: silent, the others raised (their collective timed out).
+        ("aab", "aas", "xx.", "lost", {2}, {0, 1}),
+        # Everything lost: no node to tell apart, every rank a cause.
+        ("aabb", "dddd", "", "lost", {0, 1, 2, 3}, set()),
+    ],
+)
+def test_attribute(layout, seen, raised, kind, causes, consequences):
+    verdict = attribute(snapshot(layout, seen, raised))
+    assert verdict.kind == kind
+    assert set(verdict.causes) == causes
+    assert verdict.consequences == consequences
+
+
+def test_a_node_whose_ranks_all_died_but_that_answers_is_not_gone():
+    # A host lost (c, unreachable) while the one rank of node a was aborted by horovod:
+    # node a answers the probe, so its rank followed c. Had it not, both were lost.
+    alive = snapshot("abc", "dau", node_alive={"a": True})
+    assert gone_nodes(alive) == {"c"}
+    assert set(attribute(alive).causes) == {2}
+    dead = snapshot("abc", "dau", node_alive={"a": False})
+    assert gone_nodes(dead) == {"a", "c"}
+    assert set(attribute(dead).causes) == {0, 2}
+    # Two nodes wholly dead, one left: both are causes unless the probe says otherwise.
+    assert set(attribute(snapshot("abc", "add")).causes) == {1, 2}
+    answered = snapshot("abc", "add", node_alive={"b": True, "c": False})
+    assert set(attribute(answered).causes) == {2}
+    assert attribute(answered).consequences == {1}
+
+
+def test_ranks_that_never_joined_the_rendezvous_are_a_rendezvous_timeout():
+    # Rank 2 never called hvd.init(); ranks 0 and 1 raised when Gloo gave up on it.
+    stuck = snapshot("aab", "aaa", raised="xx.", joined="..n", elapsed_s=61, timeout_s=60)
+    verdict = attribute(stuck)
+    assert (verdict.kind, verdict.stuck) == ("rendezvous", (2,))
+    error = error_for(verdict, 60)
+    assert isinstance(error, RendezvousError)
+    assert "rank 2 never joined the Gloo rendezvous within timeout_s=60s" in str(error)
+    assert "--- rank 0: raised on node a:\nBoom" in str(error)
+    # Before the timeout it is the raise that counts; and when a rank that did not join
+    # failed on its own, that failure is the cause.
+    assert attribute(snapshot("aab", "aaa", "xx.", "..n", elapsed_s=5, timeout_s=60)).kind == (
+        "raised"
+    )
+    assert attribute(snapshot("aab", "aad", "", "..n", elapsed_s=61, timeout_s=60)).kind == "lost"
+    # Unknown joins (an in-cluster rendezvous that cannot answer) never make a timeout.
+    known = snapshot("aab", "aaa", "xx.", "..n", elapsed_s=61, timeout_s=60)
+    unknown = dataclasses.replace(
+        known, ranks=tuple(dataclasses.replace(v, joined=None) for v in known.ranks)
+    )
+    assert attribute(unknown).kind == "raised"
+
+
+def test_error_for_names_causes_and_lists_consequences_apart():
+    error = error_for(attribute(snapshot("aabb", "dadd")), 60)
+    assert isinstance(error, WorkerFailedError)
+    assert sorted(error.failures) == [2, 3]
+    assert "Ranks 0 failed after losing their peers (not the cause)." in str(error)
+    raised = error_for(attribute(snapshot("ab", "aa", ".x")), 60)
+    assert raised.failures == {1: "raised on node b:\nBoom"}
+
+
+# ------------------------------------------------------------------------ elastic jobs
+
+ELASTIC = {"min_workers": 2, "reset_limit": 3, "elastic_timeout_s": 30}
+
+
+@pytest.mark.parametrize(
+    "end, error, parameter, text",
+    [
+        # A clean end: every rank of the final world returned.
+        (ElasticEnd(4, final_size=4, num_results=4), None, None, ""),
+        # Too few slots for too long wins over whatever else the driver says.
+        (
+            ElasticEnd(1, timed_out_waiting=True, driver_message="no hosts", final_size=2),
+            ElasticLimitError,
+            "min_workers",
+            "elastic_timeout=30s (wanted 2, the cluster could hold 1)",
+        ),
+        (
+            ElasticEnd(4, driver_message="exceeded", reset_limit_hit=True, final_size=4),
+            ElasticLimitError,
+            "reset_limit",
+            "more than reset_limit=3 resets",
+        ),
+        (ElasticEnd(4, crashed=RuntimeError("driver bug")), HorovodRayError, None, "driver bug"),
+        # The final world's failures, and the driver's reason as rank -1.
+        (
+            ElasticEnd(
+                2,
+                driver_message="no host of the last world left",
+                exit_failed=True,
+                final_size=2,
+                last_failures={1: "process died on node b"},
+            ),
+            WorkerFailedError,
+            None,
+            "process died on node b",
+        ),
+        # A rank that returned nothing, though every exit code was 0.
+        (ElasticEnd(2, final_size=2, num_results=1), WorkerFailedError, None, "every result"),
+    ],
+)
+def test_how_an_elastic_run_ended_decides_its_error(end, error, parameter, text):
+    raised = elastic_error(end, **ELASTIC)
+    if error is None:
+        assert raised is None
+        return
+    assert type(raised) is error
+    assert text in str(raised)
+    if parameter is not None:
+        assert raised.limit == parameter
+    if end.driver_message and error is WorkerFailedError:
+        assert "horovod's elastic driver gave up" in raised.failures[-1]
+
+
+def test_the_reset_limit_is_read_from_horovods_own_message():
+    """horovod's driver says why it stopped only in text: pin the text we look for."""
+    from horovod.runner.elastic.constants import RESET_LIMIT_EXCEEDED_MESSAGE
+
+    from horovod_ray.job.elastic_driver import reset_limit_hit
+
+    assert RESET_LIMIT_EXCEEDED_MESSAGE == (
+        "Horovod was shutdown because number of resets during elastic job exceeded limit: {}"
+    )
+    assert reset_limit_hit(RESET_LIMIT_EXCEEDED_MESSAGE.format(3))
+    assert not reset_limit_hit("Horovod was shutdown: no hosts available")
+    assert not reset_limit_hit("")
+
+
+# --------------------------------------------------------------------- a stalled job
+
+SHUT = "UnknownError: Horovod has been shut down. This was caused by an exception ..."
+# What horovod 0.28.1's stall inspector writes on rank 0's stderr (patched: see patches/).
+REPORT = """\
+[2026-12-01 04:30:01.1: W horovod/common/stall_inspector.cc:105] One or more tensors were \
+submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for \
+remainder of ranks for more than 1 seconds. This may indicate ...
+Missing ranks:
+2: [HorovodAllreduce_Const_0]
+[2026-12-01 04:30:04.1: E horovod/common/stall_inspector.cc:105] One or more tensors ...
+Missing ranks:
+1: [HorovodBroadcast_x_0]
+2!: [HorovodAllreduce_Const_0, HorovodAllgather_y_0]
+One or more rank (marked by "!") is stalled for longer than 3 seconds. Will shutdown.
+"""
+
+
+def test_the_stall_report_is_read_from_its_last_occurrence():
+    assert stall_report(REPORT) == {
+        1: (False, "HorovodBroadcast_x_0"),
+        2: (True, "HorovodAllreduce_Const_0, HorovodAllgather_y_0"),
+    }
+    assert stall_report("no report here") == {}
+
+
+def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa"):
+    states = {"a": A, "d": D}
+    return Snapshot(
+        tuple(
+            RankView("n", f"on node n, rank {r}", text, states[seen[r]], running=run)
+            for r, (text, run) in enumerate(zip(raised, running, strict=True))
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "raised, running, seen, report, missing, waiting",
+    [
+        # The report names who was past the shutdown time.
+        ([SHUT, SHUT, None], [False, False, True], "aaa", REPORT, (2,), (0, 1)),
+        # Rank 1 had not raised yet when looked at: the report still says who was missing.
+        ([SHUT, None, None], [False, True, True], "aaa", REPORT, (2,), (0, 1)),
+        # No report (stderr not a file): the live ranks still in the call.
+        ([SHUT, SHUT, None], [False, False, True], "aaa", "", (2,), (0, 1)),
+        # Rank 2 waited in another collective than the others: every rank raised.
+        ([SHUT, SHUT, SHUT], [False, False, False], "aaa", REPORT, (2,), (0, 1)),
+    ],
+)
+def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
+    raised, running, seen, report, missing, waiting
+):
+    stall = stalled(_stall_views(raised, running, seen), stall_report(report))
+    assert (stall.missing, stall.waiting) == (missing, waiting)
+
+
+@pytest.mark.parametrize(
+    "raised, running, seen",
+    [
+        (["ValueError: bad", None, None], [False, True, True], "aaa"),  # a user's error
+        ([SHUT, "ValueError: bad", None], [False, False, True], "aaa"),  # not all shut down
+        ([SHUT, SHUT, None], [False, False, False], "aad"),  # a rank was lost
+    ],
+)
+def test_other_failures_are_no_stall(raised, running, seen):
+    assert stalled(_stall_views(raised, running, seen), stall_report(REPORT)) is None
+
+
+def test_a_shut_down_without_a_report_or_a_rank_in_the_call_is_no_stall():
+    """horovod shut down for another reason (a rank ended early) leaves no report."""
+    assert stalled(_stall_views([SHUT, SHUT, SHUT], [False] * 3), {}) is None
+
+
+def test_a_hang_error_names_missing_and_waiting_ranks_with_stacks_and_collectives():
+    views = _stall_views([SHUT, SHUT, None], [False, False, True])
+    stall = stalled(views, stall_report(REPORT))
+    stack = 'Thread "MainThread" (1):\n  File "train.py", line 7, in step\n    time.sleep(60)\n'
+    error = hang_error(stall, views, 3, {2: stack})
+    assert isinstance(error, HangError) and isinstance(error, WorkerFailedError)
+    assert (error.missing, error.waiting, list(error.failures)) == ((2,), (0, 1), [2])
+    text = str(error)
+    assert text.startswith(
+        "Horovod job hung: rank(s) 2 did not reach a collective that rank(s) 0, 1 waited "
+        "in for more than stall_timeout_s=3s; the job was stopped."
+    )
+    assert "[HorovodAllreduce_Const_0, HorovodAllgather_y_0]" in text
+    assert "on node n, rank 2; its Python stacks then:" in text and "time.sleep(60)" in text
+    assert pickle.loads(pickle.dumps(error)).missing == (2,)  # crosses processes intact
+
+
+def test_ranks_that_each_miss_the_others_collective_are_named_so():
+    views = _stall_views([SHUT, SHUT], [False, False], "aa")
+    report = stall_report("Missing ranks:\n0!: [HorovodBroadcast_0]\n1!: [HorovodAllreduce]\n")
+    error = hang_error(stalled(views, report), views, 2, {})
+    assert (error.missing, error.waiting) == ((0, 1), ())
+    assert "rank(s) 0, 1 waited in different collectives, each missing from the others'" in str(
+        error
+    )
+    assert "not read: it was not in the call any more" in error.failures[0]
+
+
+# What each rank's stderr says when Gloo gave up on a silent network (seen on the simulated
+# hosts, test/hosts: the rank that timed out closed its pairs; a peer can see them close).
+_LOG = "[2026-12-01 08:01:22.5: E horovod/common/operations.cc:697] [{r}]: "
+TIMED_OUT = _LOG + "Horovod background loop uncaught exception: {text}\n"
+APPLICATION = "Application timeout caused pair closure"
+CLOSED = "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.213.8.3]:41234"
+WAITED = "[gloo/transport/tcp/unbound_buffer.cc:136] Timed out waiting 10000ms for send operation"
+
+
+def _stderr(*texts: str) -> list[str]:
+    return [
+        f"noise\n{TIMED_OUT.format(r=r, text=t)}" if t else "noise\n" for r, t in enumerate(texts)
+    ]
+
+
+def test_every_rank_timed_out_in_gloo_is_a_hang_with_no_rank_missing():
+    views = _stall_views([SHUT, SHUT, SHUT], [False] * 3)
+    error = gloo_timed_out(views, _stderr(APPLICATION, CLOSED, WAITED), 10)
+    assert isinstance(error, HangError)
+    assert (error.missing, error.waiting, sorted(error.failures)) == ((), (0, 1, 2), [0, 1, 2])
+    assert str(error).startswith(
+        "Horovod job hung: every rank waited inside a collective for its peers' data for "
+        "timeout_s=10s and none came"
+    )
+    assert f"--- rank 1: waited on node n, rank 1; Gloo: {CLOSED}" in str(error)
+
+
+# What a collective raises when Gloo's error reaches it in flight (seen in CI on the
+# simulated hosts): the rank's own error says it, not horovod's shut-down text.
+RAISED_WAIT = (
+    "tensorflow.python.framework.errors_impl.UnknownError: {{function_node "
+    "__wrapped__HorovodAllreduce_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+    "[/b/horovod-0.28.1/third_party/compatible17_gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+    "Timed out waiting 10000ms for recv operation to complete [Op:HorovodAllreduce] name: loop"
+)
+
+
+def test_ranks_whose_collective_raised_gloos_timeout_are_a_hang_too():
+    raised = f"Traceback:\n  File x\n{RAISED_WAIT}\n"
+    views = _stall_views([raised, SHUT, raised], [False] * 3)
+    error = gloo_timed_out(views, _stderr("", CLOSED, ""), 10)
+    assert isinstance(error, HangError)
+    assert (error.missing, error.waiting) == ((), (0, 1, 2))
+    assert error.failures[0] == (
+        "waited on node n, rank 0; Gloo: [/b/horovod-0.28.1/third_party/compatible17_gloo/"
+        "gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation "
+        "to complete [Op:HorovodAllreduce] name: loop"
+    )
+    assert error.failures[1] == f"waited on node n, rank 1; Gloo: {CLOSED}"
+
+
+@pytest.mark.parametrize(
+    "raised, stopped",
+    [(SHUT, True), (RAISED_WAIT, True), (f"x\n{CLOSED}", True), ("ValueError: x", False)],
+)
+def test_collectives_stopped_reads_horovods_and_gloos_words(raised, stopped):
+    assert collectives_stopped(raised) is stopped
+
+
+@pytest.mark.parametrize(
+    "raised, seen, texts",
+    [
+        ([SHUT, SHUT, SHUT], "aaa", (CLOSED, CLOSED, CLOSED)),  # a peer died: nobody timed out
+        ([SHUT, SHUT, SHUT], "aad", (APPLICATION,) * 3),  # a rank was lost
+        ([SHUT, SHUT, "ValueError: x"], "aaa", (APPLICATION,) * 3),  # a rank's own error
+        ([SHUT, SHUT, SHUT], "aaa", (APPLICATION, APPLICATION, "")),  # one stderr unread
+        ([SHUT, SHUT, SHUT], "aaa", (APPLICATION, APPLICATION, "Something else")),
+    ],
+)
+def test_other_shut_downs_are_no_gloo_timeout(raised, seen, texts):
+    assert gloo_timed_out(_stall_views(raised, [False] * 3, seen), _stderr(*texts), 10) is None

@@ -1,0 +1,424 @@
+"""Elastic jobs on a real multi-node Ray cluster: lose a node, grow back, hit the limits."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from horovod_ray import RayExecutor
+from horovod_ray.errors import ElasticLimitError, ExecutorStateError
+from horovod_ray.rank import logs
+from test.conftest import start_cluster, stop_ray
+from test.elastic_training import train, train_keras
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 0-CPU head and three 2-CPU nodes: room for 6 ranks."""
+    cluster = start_cluster([0, 2, 2, 2])
+    yield cluster
+    stop_ray()
+
+
+def _progress(folder: Path) -> tuple[int, int]:
+    try:
+        step, size = (folder / "progress").read_text().split()
+        return int(step), int(size)
+    except (FileNotFoundError, ValueError):
+        return 0, 0
+
+
+def _at(folder: Path, step: int, size: int):
+    """True once rank 0 has done ``step`` steps and the last one ran on ``size`` ranks."""
+
+    def reached() -> bool:
+        done, now = _progress(folder)
+        return done >= step and now == size
+
+    return reached
+
+
+def _wait_for(condition, timeout_s: float, what: str, run: _Run | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if run is not None and not run.thread.is_alive():
+            raise AssertionError(f"run() ended while waiting for {what}: {run.outcome}")
+        time.sleep(0.2)
+
+
+def _autoscaler_request() -> list[dict]:
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+class _Run:
+    """An elastic run() in a thread, its membership events, and its outcome."""
+
+    def __init__(self, executor: RayExecutor, folder: Path, fn=train) -> None:
+        self.events: list[dict] = []
+        self.outcome: dict = {}
+
+        def target() -> None:
+            try:
+                self.outcome["results"] = executor.run(
+                    fn, args=(str(folder),), callbacks=[self.events.append]
+                )
+            except BaseException as err:  # noqa: BLE001 - read by the test
+                self.outcome["error"] = err
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+
+    def sizes(self) -> list[int]:
+        return [e["size_after"] for e in self.events if e.get("event") == "membership"]
+
+    def changes(self) -> list[dict]:
+        return [e for e in self.events if e.get("event") == "membership"]
+
+    def logged(self) -> list[tuple[int, int]]:
+        return [(e["step"], e["size"]) for e in self.events if "step" in e]
+
+
+def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="horovod_ray.job.elastic")
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path)
+        _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
+        assert _autoscaler_request() == [{"CPU": 1.0}] * 6
+        first = run.changes()[0]
+        lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
+        cluster.remove_node(lost)
+        _wait_for(lambda: min(run.sizes()) <= 4, 120, "the world to shrink", run)
+        _wait_for(_at(tmp_path, 1, 4), 120, "training on 4", run)
+        shrunk_at = _progress(tmp_path)[0]
+        _wait_for(_at(tmp_path, shrunk_at + 3, 4), 120, "steps at 4 ranks", run)
+        cluster.add_node(num_cpus=2)
+        _wait_for(lambda: run.sizes()[-1] == 6 and len(run.sizes()) >= 3, 180, "growth", run)
+        grown_at = _progress(tmp_path)[0]
+        _wait_for(_at(tmp_path, grown_at + 3, 6), 120, "steps at 6 again", run)
+        (tmp_path / "finish").touch()
+        run.thread.join(120)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+    results = run.outcome["results"]
+    assert [r["rank"] for r in results] == list(range(6))
+    assert {r["size"] for r in results} == {6}
+    history = results[0]["history"]
+    assert all(r["history"] == history for r in results)  # every rank holds one state
+    steps = [step for step, _, _ in history]
+    assert steps == list(range(len(steps)))  # every step once, rolled back where needed
+    sizes = [size for _, size, _ in history]
+    assert all(total == size for _, size, total in history)  # the allreduce saw everyone
+    assert sizes[0] == 6 and sizes[-1] == 6 and 4 in sizes
+    first_four = sizes.index(4)
+    assert 6 in sizes[first_four:]  # grew back after running on 4
+    changes = [e for e in run.changes() if e["size_before"] != e["size_after"]]
+    assert (changes[0]["size_before"], changes[0]["size_after"]) == (0, 6)
+    assert lost.node_id in changes[1]["nodes_removed"] and changes[1]["size_after"] <= 4
+    assert changes[-1]["size_after"] == 6 and changes[-1]["nodes_added"]
+    # Rank 0's log() dicts, whichever rank was 0: one per step and world size.
+    logged = run.logged()
+    assert len(logged) == len(set(logged)) and {size for _, size in logged} == {4, 6}
+    assert max(step for step, _ in logged) == len(steps)
+    assert _autoscaler_request() == []  # withdrawn at the end
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+    # The lost node's ranks are named with where they ran, and no survivor ended with them
+    # (Gloo aborted one, now and then, before patches/*-gloo-unexpected-message.patch).
+    ended = re.findall(
+        r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
+    )
+    assert set(ended) == {lost.node_id[:12]}, caplog.text
+
+
+@pytest.mark.line_2023
+def test_keras_training_goes_on_when_a_node_is_lost(cluster, tmp_path):
+    """A Keras model in hvd.elastic.KerasState with hvd.DistributedOptimizer: a node is
+    lost, the others roll back to the last commit and go on, ranks that join later (their
+    optimizer not built yet) start in step; every rank ends with the same weights. Without
+    patches/horovod-0.28.1-keras-elastic-state.patch the state cannot read a Keras 3
+    optimizer's variables, and on Keras 2 a joining rank's sync waits forever."""
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path, train_keras)
+        _wait_for(_at(tmp_path, 3, 4), 240, "4 ranks training", run)
+        used = set(run.changes()[0]["nodes_added"])
+        lost = next(n for n in cluster.worker_nodes if n.node_id in used)
+        cluster.remove_node(lost)
+        _wait_for(lambda: len(run.changes()) >= 2, 120, "the job to lose the node", run)
+        after_loss = _progress(tmp_path)[0]
+        _wait_for(lambda: _progress(tmp_path)[0] >= after_loss + 3, 120, "steps after", run)
+        (tmp_path / "finish").touch()
+        run.thread.join(120)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+        cluster.add_node(num_cpus=2)  # three worker nodes again for what comes next
+    results = run.outcome["results"]
+    history = results[0]["history"]
+    assert all(r["history"] == history for r in results)  # one state, the same weights
+    assert [step for step, _, _ in history] == list(range(len(history)))
+    assert lost.node_id in run.changes()[1]["nodes_removed"]
+    assert len({weights for _, _, weights in history}) == len(history)  # it trained
+
+
+def _our_actors() -> list:
+    from ray.util import state
+
+    return [
+        a
+        for a in state.list_actors(
+            address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")]
+        )
+        if a.class_name == "Worker"
+    ]
+
+
+# Three 2-CPU worker nodes: 6 slots of 1 CPU, or 3 of 2 (the executor's cpus_per_worker).
+@pytest.mark.parametrize(("cpus_per_worker", "wanted", "available"), [(1, 7, 6), (2, 4, 3)])
+def test_below_min_workers_fails_with_the_limit_named(cluster, cpus_per_worker, wanted, available):
+    executor = RayExecutor(
+        min_workers=wanted,
+        max_workers=wanted + 1,
+        elastic_timeout=3,
+        cpus_per_worker=cpus_per_worker,
+    )
+    executor.start()
+    with pytest.raises(ElasticLimitError) as raised:
+        executor.run(train, args=("/nonexistent",))
+    error = raised.value
+    assert (error.limit, error.wanted, error.available) == ("min_workers", wanted, available)
+    assert f"min_workers={wanted}" in str(error) and "elastic_timeout=3s" in str(error)
+    executor.stop()
+    assert _autoscaler_request() == []
+
+
+def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
+    """Growing is a reset too (as in horovod): a node added to a job with reset_limit=0."""
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=8, reset_limit=0)
+    executor.start()
+    added = None
+    try:
+        run = _Run(executor, tmp_path)
+        _wait_for(_at(tmp_path, 2, 6), 240, "6 ranks training", run)
+        added = cluster.add_node(num_cpus=2)
+        run.thread.join(120)
+    finally:
+        executor.stop()
+        if added is not None:
+            cluster.remove_node(added)  # leave three worker nodes for what comes next
+    error = run.outcome["error"]
+    assert isinstance(error, ElasticLimitError), error
+    assert error.limit == "reset_limit" and "reset_limit=0" in str(error)
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+
+
+def test_other_calls_are_refused_on_an_elastic_job(cluster):
+    executor = RayExecutor(min_workers=1, max_workers=2)
+    executor.start()
+    try:
+        for call in (
+            lambda: executor.execute(lambda _: 1),
+            lambda: executor.run_remote(lambda: 1),
+            lambda: executor.execute_single(lambda _: 1),
+        ):
+            with pytest.raises(ExecutorStateError, match="not available on an elastic job"):
+                call()
+    finally:
+        executor.stop()
+
+
+def test_repeated_runs_leak_nothing(cluster, tmp_path):
+    """Threads, fds and actors of the driver stay level over repeated elastic runs."""
+    (tmp_path / "finish").touch()  # one step per run
+    executor = RayExecutor(min_workers=2, max_workers=4)
+    executor.start()
+
+    def footprint() -> tuple[int, dict[int, str]]:
+        _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+        return threading.active_count(), _open_fds()
+
+    try:
+        executor.run(train, args=(str(tmp_path),))  # warms up Ray's own threads and fds
+        before = footprint()
+        for _ in range(3):
+            results = executor.run(train, args=(str(tmp_path),))
+            assert [r["rank"] for r in results] == list(range(4))
+        after = footprint()
+    finally:
+        executor.stop()
+    assert after[0] <= before[0], f"threads grew: {before[0]} -> {after[0]}"
+    grown = {fd: what for fd, what in after[1].items() if before[1].get(fd) != what}
+    assert len(after[1]) <= len(before[1]) + 2, f"fds grew by {len(grown)}: {grown}"
+    assert _autoscaler_request() == []
+
+
+def _open_fds() -> dict[int, str]:
+    """This process's open file descriptors and what each is (a path, or a socket with its
+    addresses), less its connections to the nodes' raylets: Ray opens one to a node the
+    first time the driver needs that node (a later run may be the first), and keeps it."""
+    import psutil
+
+    raylets = {(n["NodeManagerAddress"], n["NodeManagerPort"]) for n in ray.nodes()}
+    sockets, to_raylets = {}, set()
+    for c in psutil.Process().net_connections("all"):
+        if c.raddr and (c.raddr.ip.removeprefix("::ffff:"), c.raddr.port) in raylets:
+            to_raylets.add(c.fd)
+        else:
+            sockets[c.fd] = f"socket {c.laddr} -> {c.raddr} {c.status}"
+    fds = {}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in to_raylets:
+            continue
+        try:
+            fds[fd] = sockets.get(fd) or os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the descriptor listdir itself used, closed since
+            pass
+    return fds
+
+
+@ray.remote
+class _LastDictInFlight:
+    """Rank 0's log channel as a slot saw it in CI: the call's result is ready while the
+    poll in flight still holds the call's last dict (it answers half a second later)."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        self.polls += 1
+        if self.polls == 1:
+            time.sleep(0.5)
+            return [{"step": 26}], False
+        return [], True
+
+
+def test_a_slot_delivers_the_dict_its_last_poll_holds(cluster):
+    """The rank's last log() dict reaches the callbacks even when its call's result is
+    seen before the poll that took that dict (CI once lost it: 25 dicts for 26 steps)."""
+    channel = _LastDictInFlight.remote()
+    seen = []
+    assert logs.collect(channel, [ray.put("result")], seen.append, 1, lambda: None) == ["result"]
+    assert seen == [{"step": 26}]
+
+
+@ray.remote(max_concurrency=2)
+class _Chatty:
+    """A rank 0 that logs faster than the slot checks (every poll answers at once) while
+    its call goes on."""
+
+    def next_logs(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
+        return [{"step": 1}], False
+
+    def train(self) -> None:
+        time.sleep(120)
+
+
+def test_a_slot_that_is_let_go_ends_its_wait_while_its_rank_logs(cluster):
+    """horovod's driver lets a slot go (a reset, a stop): its wait ends even while every
+    poll of its rank's log answers before the wait's own timeout."""
+    checks = []
+
+    def check():
+        checks.append(1)
+        if len(checks) >= 5:
+            raise TimeoutError("let go")
+
+    chatty = _Chatty.remote()
+    try:
+        with pytest.raises(TimeoutError, match="let go"):
+            logs.collect(chatty, [chatty.train.remote()], lambda _: None, 1, check)
+    finally:
+        ray.kill(chatty)
+
+
+def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
+    """stop() from another thread ends run() (training, or waiting for room) at once."""
+    from horovod_ray.errors import HorovodRayError
+
+    baseline = threading.active_count()
+    training = RayExecutor(min_workers=2, max_workers=4)
+    training.start()
+    run = _Run(training, tmp_path)
+    _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
+    training.stop()
+    run.thread.join(60)
+    assert isinstance(run.outcome.get("error"), HorovodRayError), run.outcome
+    assert "ended by stop()" in str(run.outcome["error"])
+
+    waiting = RayExecutor(min_workers=7, max_workers=8)  # the cluster holds 6
+    waiting.start()
+    run = _Run(waiting, tmp_path)
+    time.sleep(3)
+    assert run.thread.is_alive()
+    waiting.stop()
+    run.thread.join(60)
+    assert not run.thread.is_alive() and "ended by stop()" in str(run.outcome["error"])
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
+    _wait_for(lambda: threading.active_count() <= baseline, 30, "no thread left behind")
+    assert _autoscaler_request() == []
+
+
+def test_cli_elastic_job_on_discovered_nodes_goes_on_when_one_is_lost(cluster, tmp_path):
+    """horovodrun's elastic command line with the binary renamed: the discovery script
+    names two of the three nodes (by node id), with 2 and 1 slots, so 3 ranks where
+    --max-np allows 4; the 1-slot node is lost mid-run, and the unmodified script goes
+    on at 2 ranks and ends with status 0."""
+    import subprocess
+    import sys
+
+    named = sorted(node.node_id for node in cluster.worker_nodes)[:2]
+    (tmp_path / "hosts").write_text(f"{named[0]}:2\n{named[1]}:1\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    discover.chmod(0o755)
+    script = Path(__file__).parent.parent / "scripts" / "elastic_horovod.py"
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "horovod_ray", "run", "--address", cluster.address,
+             "--min-np", "2", "--max-np", "4", "--host-discovery-script", str(discover),
+             "--elastic-timeout", "60", "--gloo-timeout-seconds", "30",
+             "--env", "TF_CPP_MIN_LOG_LEVEL=2", sys.executable, str(script), str(tmp_path)],
+            stdout=out, stderr=err,
+        )  # fmt: skip
+    try:
+        running = lambda: process.poll() is None  # noqa: E731
+        _wait_for(lambda: _at(tmp_path, 3, 3)() or not running(), 240, "3 ranks training")
+        assert running(), (tmp_path / "err").read_text()[-3000:]
+        lost = next(node for node in cluster.worker_nodes if node.node_id == named[1])
+        cluster.remove_node(lost)
+        _wait_for(lambda: _at(tmp_path, 1, 2)() or not running(), 120, "training on 2")
+        shrunk_at = _progress(tmp_path)[0]
+        _wait_for(lambda: _at(tmp_path, shrunk_at + 3, 2)() or not running(), 120, "steps")
+        (tmp_path / "finish").touch()
+        assert process.wait(timeout=120) == 0, (tmp_path / "err").read_text()[-3000:]
+    finally:
+        process.kill()
+        cluster.add_node(num_cpus=2)  # three worker nodes again, for what comes next
+    out = (tmp_path / "out").read_text()
+    started_on = set(re.findall(r"<stdout>:started as rank \d+ on (\w+)", out))
+    assert started_on == set(named)  # never the node the script did not name
+    ends = re.findall(r"<stdout>:rank \d+ of (\d+): \d+ steps, in step (\w+), sizes (.*)", out)
+    assert ends == [("2", "True", "[2, 3]")] * 2, out[-3000:]
+    _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")

@@ -1,0 +1,198 @@
+"""Elastic jobs' pure parts: slots per node, membership changes, argument checks (no Ray)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from horovod.runner.common.util.hosts import SlotInfo
+from horovod.runner.elastic.discovery import FixedHosts
+
+from horovod_ray import RayExecutor
+from horovod_ray.errors import ConfigError, ExecutorStateError
+from horovod_ray.job.discovery import narrow, node_slots
+from horovod_ray.job.elastic_driver import rank_info
+from horovod_ray.job.layouts import ElasticLayout
+from horovod_ray.rank.assignment import RankInfo, membership_change
+
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
+
+def _node(node_id: str, cpus: float, gpus: float = 0, alive: bool = True, ip: str = "10.0.0.1"):
+    resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+    return {"NodeID": node_id, "Alive": alive, "NodeManagerAddress": ip, "Resources": resources}
+
+
+def test_node_slots_counts_whole_ranks_on_alive_nodes():
+    nodes = [
+        _node("head", 0),
+        _node("a", 2),
+        _node("b", 3.5),
+        _node("dead", 8, alive=False),
+        _node("c", 4, ip="10.0.0.2"),
+    ]
+    assert node_slots(nodes, {"CPU": 1.0}) == {"a": 2, "b": 3, "c": 4}
+    assert node_slots(nodes, {"CPU": 2.0}) == {"a": 1, "b": 1, "c": 2}
+    assert node_slots(nodes, {"CPU": 1.0}, only_ip="10.0.0.2") == {"c": 4}
+
+
+def test_node_slots_is_bounded_by_the_scarcest_resource():
+    nodes = [_node("g", 8, gpus=2), _node("cpu-only", 8)]
+    assert node_slots(nodes, {"CPU": 1.0, "GPU": 1.0}) == {"g": 2}
+
+
+def _world(hosts: list[tuple[str, int]]) -> list[RankInfo]:
+    """A world as horovod's driver numbers it, taken in at the edge as rank records."""
+    size = sum(n for _, n in hosts)
+    slots, rank = [], 0
+    for host, count in hosts:
+        for local in range(count):
+            slots.append(rank_info(SlotInfo(host, rank, local, 0, size, count, 1)))
+            rank += 1
+    return slots
+
+
+def test_membership_change_names_nodes_and_ranks():
+    six = _world([("a", 2), ("b", 2), ("c", 2)])
+    four = _world([("a", 2), ("b", 2)])
+    assert membership_change([], six, 0) == {
+        "event": "membership",
+        "reset": 0,
+        "size_before": 0,
+        "size_after": 6,
+        "nodes_added": ["a", "b", "c"],
+        "nodes_removed": [],
+        "ranks_added": [0, 1, 2, 3, 4, 5],
+        "ranks_removed": [],
+    }
+    shrink = membership_change(six, four, 1)
+    assert (shrink["size_before"], shrink["size_after"]) == (6, 4)
+    assert shrink["nodes_removed"] == ["c"] and shrink["ranks_removed"] == [4, 5]
+    grow = membership_change(four, _world([("a", 2), ("b", 2), ("d", 2)]), 2)
+    assert grow["nodes_added"] == ["d"] and grow["ranks_added"] == [4, 5]
+    # Losing the middle node: its ranks (2, 3) go, and c's slots become ranks 2 and 3.
+    middle = membership_change(six, _world([("a", 2), ("c", 2)]), 3)
+    assert middle["nodes_removed"] == ["b"] and middle["ranks_removed"] == [2, 3]
+    assert middle["ranks_added"] == []
+
+
+def test_run_refuses_sizes_on_an_elastic_job():
+    import horovod_ray
+
+    for name in ("num_hosts", "num_slots"):
+        with pytest.raises(ConfigError) as raised:
+            horovod_ray.run(print, min_workers=2, **{name: 2})
+        assert raised.value.parameter == name
+
+
+def test_an_elastic_job_refuses_stacks_naming_the_reason():
+    with pytest.raises(ExecutorStateError, match="stacks is not available on an elastic job"):
+        RayExecutor(min_workers=2).stacks()
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Makes run() fail at once where it would start or join Ray: these tests stay pure."""
+    run_module = importlib.import_module("horovod_ray.run")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("run() reached Ray: the arguments were not refused first")
+
+    monkeypatch.setattr(run_module.local_ray, "start", refuse)
+    monkeypatch.setattr(run_module.ray, "init", refuse)
+
+
+@pytest.mark.parametrize("name, value", [("cooldown_range", (1, 2)), ("discovery_interval_s", 0.5)])
+def test_run_refuses_elastic_limits_on_a_static_job(no_ray, name, value):
+    import horovod_ray
+
+    # Good values, refused only because the job has no min_workers: run() must pass them
+    # on to RayExecutor, which refuses them before Ray starts.
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.run(print, num_slots=2, **{name: value})
+    assert raised.value.parameter == name
+    assert "give min_workers too" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "name, value, text",
+    [("cooldown_range", (0, 5), "1 <= low"), ("discovery_interval_s", 0, "> 0")],
+)
+def test_run_passes_elastic_limits_to_an_elastic_job(no_ray, name, value, text):
+    import horovod_ray
+
+    # A bad value is refused by the elastic layout, which only sees what run() passed on.
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.run(print, min_workers=2, **{name: value})
+    assert raised.value.parameter == name
+    assert text in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter, text",
+    [
+        ({"min_workers": 0}, "min_workers", "> 0"),
+        ({"min_workers": 3, "max_workers": 2}, "max_workers", "below min_workers=3"),
+        ({"min_workers": 2, "max_workers": 0}, "max_workers", "> 0"),
+        ({"min_workers": 1, "reset_limit": -1}, "reset_limit", ">= 0"),
+        ({"min_workers": 1, "cooldown_range": (0, 5)}, "cooldown_range", "1 <= low"),
+        ({"min_workers": 1, "cooldown_range": 5}, "cooldown_range", "(low, high)"),
+        ({"min_workers": 1, "elastic_timeout": 0}, "elastic_timeout", "> 0"),
+        ({"min_workers": 1, "cpus_per_worker": 0}, "cpus_per_worker", "> 0"),
+        ({"min_workers": 2, "num_workers": 2}, "min_workers", "leave num_workers"),
+        ({"min_workers": 2, "num_hosts": 1}, "min_workers", "leave num_workers"),
+        ({"max_workers": 4}, "min_workers", "max_workers needs min_workers"),
+        ({"num_workers": 2, "reset_limit": 3}, "reset_limit", "give min_workers too"),
+        ({"num_workers": 2, "elastic_timeout": 9}, "elastic_timeout", "give min_workers too"),
+        ({"min_workers": 1, "override_discovery": False}, "override_discovery", "MyDiscovery()"),
+        ({"min_workers": 1, "override_discovery": {"a": 1}}, "override_discovery", "got dict"),
+        (
+            {"num_workers": 2, "override_discovery": FixedHosts({"a": 1})},
+            "override_discovery",
+            "give min_workers too",
+        ),
+    ],
+)
+def test_bad_elastic_arguments_are_refused_at_construction(kwargs, parameter, text):
+    with pytest.raises(ConfigError) as raised:
+        RayExecutor(**kwargs)
+    assert raised.value.parameter == parameter
+    assert text in str(raised.value)
+
+
+def test_elastic_layout_keeps_the_bounds():
+    layout = ElasticLayout(min_workers=2, max_workers=6, cooldown_range=[5, 60])
+    assert layout.cooldown_range == (5, 60)
+    executor = RayExecutor(min_workers=2, max_workers=6)
+    assert executor.layout.worker_resources() == {"CPU": 1.0}  # what each rank reserves
+    assert executor.elastic.max_workers == 6
+
+
+def test_a_users_discovery_travels_to_the_elastic_layout():
+    hosts = FixedHosts({"10.0.0.2": 2})
+    assert RayExecutor(min_workers=1, override_discovery=hosts).elastic.discovery is hosts
+    assert RayExecutor(min_workers=1).elastic.discovery is None  # Ray's nodes
+
+
+NAMED = [
+    {**_node("head", 4, ip="10.0.0.1"), "NodeManagerHostname": "head-host"},
+    {**_node("n2", 4, ip="10.0.0.2"), "NodeManagerHostname": "worker-2"},
+    {**_node("n3", 4, ip="10.0.0.3"), "NodeManagerHostname": "worker-3"},
+    {**_node("twin-a", 2, ip="10.0.0.9"), "NodeManagerHostname": "twins"},
+    {**_node("twin-b", 2, ip="10.0.0.9"), "NodeManagerHostname": "twins"},
+]
+
+
+@pytest.mark.parametrize(
+    "wanted, narrowed, unknown",
+    [
+        ({"10.0.0.2": 2}, {"n2": 2}, []),  # only what is named, its slots
+        ({"worker-2": 8, "n3": None}, {"n2": 4, "n3": 4}, []),  # at most the room; None: room
+        ({"localhost": 1}, {"head": 1}, []),  # the driver's node
+        ({"10.0.0.7": 2, "twins": 1}, {}, ["10.0.0.7", "twins"]),  # none, or several
+        ({"twin-b": 5, "n2": 0}, {"twin-b": 2}, []),  # a node id; no slots: left out
+    ],
+)
+def test_a_users_discovery_narrows_rays_nodes(wanted, narrowed, unknown):
+    slots = node_slots(NAMED, {"CPU": 1})
+    assert narrow(slots, wanted, NAMED, driver_node_id="head") == (narrowed, unknown)

@@ -1,0 +1,101 @@
+"""The executor's state table and its one writer, without Ray."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from horovod_ray.job.lifecycle import FINAL, TRANSITIONS, ExecutorState, Lifecycle
+
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
+S = ExecutorState
+# Every path a job can take, as the executor's docstring lists them.
+PATHS = [
+    [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED],  # start, stop
+    [S.CREATED, S.STOPPED],  # stop() before start()
+    [S.CREATED, S.STARTING, S.FAILED],  # start failed
+    [S.CREATED, S.STARTING, S.STOPPED],  # stop() during start()
+    [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.FAILED],  # a call failed
+]
+
+
+def _walk(path: list[ExecutorState]) -> Lifecycle:
+    lifecycle = Lifecycle()
+    for before, after in itertools.pairwise(path):
+        assert lifecycle.transition([before], after)
+    return lifecycle
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: "-".join(s.value for s in p))
+def test_every_documented_path_is_allowed(path):
+    assert _walk(path).state is path[-1]
+
+
+def test_the_table_holds_exactly_the_documented_moves():
+    documented = {pair for path in PATHS for pair in itertools.pairwise(path)}
+    table = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert table == documented
+    assert all(not TRANSITIONS[state] for state in FINAL)
+
+
+def test_a_move_from_another_state_does_not_happen():
+    lifecycle = _walk([S.CREATED, S.STOPPED])
+    assert not lifecycle.transition([S.CREATED], S.STARTING)
+    assert lifecycle.state is S.STOPPED
+
+
+@pytest.mark.parametrize(
+    "before, after", [(S.RUNNING, S.FAILED), (S.CREATED, S.RUNNING), (S.STOPPING, S.RUNNING)]
+)
+def test_a_move_the_table_lacks_is_a_bug(before, after):
+    path = {S.RUNNING: PATHS[0][:3], S.CREATED: [S.CREATED], S.STOPPING: PATHS[0][:4]}[before]
+    lifecycle = _walk(path)
+    with pytest.raises(RuntimeError, match="no transition"):
+        lifecycle.transition([before], after)
+    assert lifecycle.state is before
+
+
+def test_wait_for_wakes_on_the_move_and_times_out_without_one():
+    lifecycle = _walk([S.CREATED, S.STARTING])
+    assert not lifecycle.wait_for(FINAL, timeout_s=0.05)
+    mover = threading.Timer(0.05, lifecycle.transition, args=([S.STARTING], S.STOPPED))
+    mover.start()
+    assert lifecycle.wait_for(FINAL, timeout_s=10)
+    mover.join()
+
+
+def test_an_elastic_runs_states_end_once_everything_is_released():
+    from horovod_ray.job.lifecycle import RUN_TRANSITIONS, RunState
+
+    run = Lifecycle(RUN_TRANSITIONS, RunState.CREATED)
+    assert run.transition([RunState.CREATED], RunState.RUNNING)
+    # stop() from another thread and the run's own end both try RUNNING -> STOPPING: once.
+    assert run.transition([RunState.CREATED, RunState.RUNNING], RunState.STOPPING)
+    assert not run.transition([RunState.RUNNING], RunState.STOPPING)
+    assert not run.wait_for({RunState.ENDED}, timeout_s=0.05)
+    assert run.transition([RunState.STOPPING], RunState.ENDED)
+    with pytest.raises(RuntimeError, match="no transition"):
+        run.transition([RunState.ENDED], RunState.RUNNING)
+
+
+@pytest.mark.parametrize("final", [S.STOPPED, S.FAILED])
+def test_end_reaches_its_final_state_even_when_the_release_raises(final):
+    lifecycle = _walk(PATHS[0][:4])  # at STOPPING
+
+    def release():
+        raise RuntimeError("kill failed")
+
+    with pytest.raises(RuntimeError, match="kill failed"):
+        lifecycle.end(release, final)
+    assert lifecycle.state is final
+
+
+@pytest.mark.parametrize("cancelled, final", [(False, S.FAILED), (True, S.STOPPED)])
+def test_a_failed_start_ends_failed_or_stopped_when_cancelled(cancelled, final):
+    lifecycle = _walk([S.CREATED, S.STARTING])
+    released = []
+    lifecycle.finish_start(lambda: released.append(True), cancelled)
+    assert released == [True] and lifecycle.state is final

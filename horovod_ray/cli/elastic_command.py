@@ -23,10 +23,9 @@ from typing import Any
 
 from horovod_ray.cli import command
 from horovod_ray.cli.output import Output
-
-# The event of a batch of a slot's output lines, among the run's callback items.
 from horovod_ray.rank import logs
 
+# The event of a batch of a slot's output lines, among the run's callback items.
 OUTPUT_EVENT = "output"
 
 

@@ -1,30 +1,25 @@
-"""horovodrun's flags in ``horovod-ray run``: every one has a defined behaviour here.
+"""horovodrun's flags in ``horovod-ray run``: every one is defined here, with the
+behaviour it has on Ray.
 
 * Tuning flags (fusion, cycle time, cache, hierarchical and torus collectives, autotune,
-  timeline, stall check, library and logging options) and ``--config-file`` set the
-  HOROVOD_* variables horovodrun sets, on every rank. horovod's own ``config_parser``
-  does it, as for horovodrun: ``set_args_from_config`` reads the YAML (a flag given on
-  the command line wins over the file), ``validate_config_args`` checks the values and
-  ``set_env_from_args`` maps them.
-
-What the parsed flags become (the ranks' environment, the hosts, the elastic bounds) is
-``translate``'s.
+  timeline, stall check, library and logging options) and ``--config-file``: the
+  HOROVOD_* variables horovodrun sets, on every rank.
 * Flags that cannot mean anything on Ray are taken: ``--gloo`` and ``--disable-cache``
   silently (Gloo is the controller; there is no check to cache), the SSH flags with one
-  warning (Ray starts the ranks).
-* ``-H``/``--hosts`` and ``--hostfile`` name Ray nodes.
-* The elastic flags make an elastic job.
-* Flags that would mislead are refused before Ray starts: the MPI launch (``--mpi``,
-  ``--jsrun``, ``--mpi-args``, ``--binding-args``).
+  warning (:data:`IGNORED`: Ray starts the ranks).
+* ``-H``/``--hosts`` and ``--hostfile`` name Ray nodes; the elastic flags make an elastic
+  job.
+* Flags that would mislead are refused before Ray starts (:data:`REFUSED`): the MPI
+  launch (``--mpi``, ``--jsrun``, ``--mpi-args``, ``--binding-args``).
+
+What the parsed flags become (the ranks' environment through horovod's own
+``config_parser``, the hosts, the elastic bounds) is ``translate``'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 # Set on the namespace: the destinations given on the command line, which the config file
 # must not override (horovodrun's rule).
@@ -197,7 +192,7 @@ def add_other_flags(run: argparse.ArgumentParser) -> None:
     hidden = argparse.SUPPRESS
     controller.add_argument("--mpi", dest="use_mpi", action="store_true", help=hidden)
     controller.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=hidden)
-    # Refused in resolve(), naming the way out; taken here so that the message is ours.
+    # Refused in translate.resolve(), naming the way out; taken here so that the message is ours.
     other.add_argument("--mpi-args", help=hidden)
     other.add_argument("--binding-args", help=hidden)
     other.add_argument(

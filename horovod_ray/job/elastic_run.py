@@ -58,7 +58,12 @@ class _ReleasedError(Exception):
 class ElasticRun:
     """One elastic ``run()``: driver, rendezvous, discovery and the slots' workers.
 
-    Args: as :class:`ElasticJob`'s.
+    Args:
+        settings: Timeouts, interfaces, verbosity.
+        layout: The elastic bounds and limits.
+        worker: What one rank reserves.
+        extra_env: The ranks' extra environment (``start(extra_env_vars=...)``).
+        executable: The pickled ``executable_cls`` and its arguments, or None.
     """
 
     def __init__(

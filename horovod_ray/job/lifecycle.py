@@ -1,7 +1,7 @@
 """Where a job is in its life: the states, the moves allowed between them, one writer.
 
 :class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
-elastic run's (``elastic.RunState``).
+elastic run's (:class:`RunState`, in ``elastic_run.ElasticRun``).
 """
 
 from __future__ import annotations

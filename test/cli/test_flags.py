@@ -109,7 +109,7 @@ def test_a_bad_value_is_refused_before_ray_starts(flags, text, capsys):
 
 
 def test_ssh_flags_are_taken_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="horovod_ray.cli.flags"):
+    with caplog.at_level(logging.WARNING, logger="horovod_ray.cli.translate"):
         _ours(["-p", "2222", "-i", "/root/.ssh/id_rsa"])
     assert [r.getMessage() for r in caplog.records] == [
         "--ssh-port is ignored: Ray starts the ranks, no SSH is used",

@@ -94,7 +94,7 @@ class _Run:
 
 
 def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="horovod_ray.job.elastic")
+    caplog.set_level(logging.WARNING, logger="horovod_ray.job.elastic_run")
     settings = RayExecutor.create_settings(timeout_s=30)
     executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
     executor.start()

@@ -6,12 +6,18 @@ call to every rank costs mostly in what each actor call carries. So:
 * Functions and arguments are pickled once, on the driver, where an unpicklable one is a
   ``ConfigError`` naming it; payloads over ``PUT_ABOVE_BYTES`` go to the object store
   once for all ranks instead of once per rank.
-* A function sent before travels as a small integer key; the ranks keep what they
-  unpickled (:class:`Dispatcher` decides, :class:`RankCalls` keeps). The cache is bounded
-  by count and by bytes, on the driver and so on every rank.
+* A function sent before travels as a small integer key; the ranks keep its pickled
+  bytes (:class:`Dispatcher` decides, :class:`RankCalls` keeps). The cache is bounded by
+  count and by bytes, on the driver and so on every rank. A key travels alone only once a
+  call that carried its bytes has returned on every rank: a call made meanwhile, from
+  another thread, carries them again, so no rank is ever sent a key it has not learned.
 * A call that repeats the call just before it (same function, same arguments, completed
-  on every rank, nothing in between) goes with no argument at all: each rank runs its
-  last call again as the next call id.
+  on every rank, nothing in between) goes with no argument at all: each rank runs that
+  call again as the next call id.
+* Every call, repeats included, runs a fresh copy of the function, unpickled from its
+  bytes: what a closure, a mutable default or a callable object changed during one call
+  is not seen by the next, as with horovod.ray. An ``executable_cls`` instance is made
+  once, at setup, and keeps its state between calls.
 """
 
 from __future__ import annotations
@@ -137,6 +143,8 @@ class Dispatcher:
         self._cache_size = cache_size
         self._cache_bytes = cache_bytes
         self._keys: dict[bytes, int] = {}
+        # Keys whose bytes every rank holds: a call that carried them returned everywhere.
+        self._known: set[int] = set()
         self._cached_bytes = 0
         self._call_id = 0
         # (function payload, args payload, call id) of the last call done on every rank.
@@ -159,8 +167,10 @@ class Dispatcher:
             if self._last == (call.fn, call.args, call_id - 1):
                 return Message(call_id, True, None, None, None)
             key = self._keys.get(call.fn)
-            if key is not None:
+            if key in self._known:
                 return Message(call_id, False, key, None, _stored(call.args))
+            if key is not None:  # sent before, not yet returned everywhere: send it again
+                return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
             fits = self._cached_bytes + len(call.fn) <= self._cache_bytes
             if len(self._keys) >= self._cache_size or not fits:
                 return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
@@ -169,9 +179,12 @@ class Dispatcher:
             return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
 
     def completed(self, call: Call, message: Message) -> None:
-        """Records that ``message`` returned on every rank: the next one may repeat it."""
+        """Records that ``message`` returned on every rank: the next one may repeat it, and
+        the function's key may travel alone from now on."""
         with self._lock:
             self._last = (call.fn, call.args, message.call_id)
+            if message.key is not None and message.fn is not None:
+                self._known.add(message.key)
 
 
 def _stored(payload: bytes | None) -> bytes | ray.ObjectRef | None:
@@ -185,7 +198,7 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
     """Starts ``message`` on one rank's actor; with ``as_raised``, its ref holds what the
     function raised as it was raised, not as a ``RankError`` (see Worker.call)."""
     if message.again:
-        return worker.again.remote(as_raised)
+        return worker.again.remote(message.call_id, as_raised)
     return worker.call.remote(message.call_id, message.key, message.fn, message.args, as_raised)
 
 
@@ -193,33 +206,47 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
 
 
 class RankCalls:
-    """A rank's half: the functions it keeps and the last call, to run it again."""
+    """A rank's half: the pickled functions it keeps, and its latest call, to run again.
+
+    Functions are kept as bytes and unpickled for every call, so that no call sees what
+    an earlier one did to the function's own state.
+    """
 
     def __init__(self) -> None:
-        self._functions: dict[int, Callable[..., Any]] = {}
-        # (function, args payload, call id) of the last call.
-        self._last: tuple[Callable[..., Any], bytes | None, int] | None = None
+        self._functions: dict[int, bytes] = {}
+        # (function bytes, args payload, call id) of the call with the highest id so far.
+        self._latest: tuple[bytes, bytes | None, int] | None = None
 
     def resolve(
         self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None
     ) -> tuple[Callable[..., Any], bytes | None]:
-        """The function and args payload of a call, keeping the function under ``key``."""
+        """A fresh copy of the call's function and its args payload; the function's bytes
+        are kept under ``key``."""
         if fn is None:
-            function = self._functions[key]
-        else:
-            function = cloudpickle.loads(fn)
-            if key is not None:
-                self._functions[key] = function
-        self._last = (function, args, call_id)
-        return function, args
+            fn = self._functions[key]
+        elif key is not None:
+            self._functions[key] = fn
+        if self._latest is None or call_id > self._latest[2]:
+            self._latest = (fn, args, call_id)
+        return cloudpickle.loads(fn), args
 
-    def repeat(self) -> tuple[int, Callable[..., Any], bytes | None]:
-        """The next call id, function and args payload for a repeat of the last call."""
-        if self._last is None:
-            raise RuntimeError("a repeated call before any call on this rank")
-        function, args, call_id = self._last
-        self._last = (function, args, call_id + 1)
-        return call_id + 1, function, args
+    def repeat(self, call_id: int) -> tuple[Callable[..., Any], bytes | None]:
+        """A fresh copy of call ``call_id - 1``'s function and its args, for ``call_id``.
+
+        The driver repeats only the call just before, once it returned on every rank, so
+        it is the latest this rank has seen (calls from several threads may run in
+        another order than their ids, hence the latest by id, not the last run).
+
+        Raises:
+            RuntimeError: This rank's latest call is not ``call_id - 1``.
+        """
+        latest = self._latest
+        if latest is None or latest[2] != call_id - 1:
+            seen = "none" if latest is None else latest[2]
+            raise RuntimeError(f"call {call_id} repeats call {call_id - 1}; latest here: {seen}")
+        fn, args, _ = latest
+        self._latest = (fn, args, call_id)
+        return cloudpickle.loads(fn), args
 
 
 def invoke(function: Callable[..., Any], args: bytes | None, executable: Any) -> Any:

@@ -109,9 +109,9 @@ class Worker:
         function, arguments = self._calls.resolve(call_id, key, fn, args)
         return self._run(call_id, function, arguments, as_raised)
 
-    def again(self, as_raised: bool = False) -> Any:
-        """Runs the last call again, as the next call id (see calls.Dispatcher)."""
-        call_id, function, arguments = self._calls.repeat()
+    def again(self, call_id: int, as_raised: bool = False) -> Any:
+        """Runs call ``call_id - 1`` again, as ``call_id`` (see calls.Dispatcher)."""
+        function, arguments = self._calls.repeat(call_id)
         return self._run(call_id, function, arguments, as_raised)
 
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 def deliver(rank: RankCalls, message, executable=None):
     """What Worker.call / Worker.again do with a message."""
     if message.again:
-        _, function, args = rank.repeat()
+        function, args = rank.repeat(message.call_id)
     else:
         function, args = rank.resolve(message.call_id, message.key, message.fn, message.args)
     return invoke(function, args, executable)
@@ -25,7 +25,7 @@ def add(a, b=0):
     return a + b
 
 
-def test_a_function_goes_whole_once_then_as_its_key():
+def test_a_function_goes_whole_until_a_call_returned_everywhere_then_as_its_key():
     dispatcher, rank = Dispatcher(), RankCalls()
     call = prepare(add, [1], {"b": 2})
     first = dispatcher.message(call)
@@ -33,8 +33,56 @@ def test_a_function_goes_whole_once_then_as_its_key():
     assert deliver(rank, first) == 3
     other = prepare(add, [5])
     second = dispatcher.message(other)
-    assert (second.key, second.fn) == (1, None)  # same function: key only
+    assert (second.key, second.fn is not None) == (1, True)  # first not returned yet
     assert deliver(rank, second) == 5
+    dispatcher.completed(call, first)
+    third = dispatcher.message(prepare(add, [7]))
+    assert (third.key, third.fn) == (1, None)  # same function, known everywhere: key only
+    assert deliver(rank, third) == 7
+
+
+def test_a_call_from_another_thread_that_overtakes_the_first_still_has_its_function():
+    """Two threads' calls of one function: the second's message may reach a rank first.
+    It used to carry the key alone, and the rank failed with KeyError: 1."""
+    dispatcher, rank = Dispatcher(), RankCalls()
+    first = dispatcher.message(prepare(add, [1]))
+    second = dispatcher.message(prepare(add, [2]))
+    assert deliver(rank, second) == 2
+    assert deliver(rank, first) == 1
+
+
+def test_no_call_sees_what_an_earlier_call_did_to_the_functions_state():
+    """A closure, a mutable default and a callable object, called three times each by key
+    and by repeat: each call starts from the state the caller sent (as horovod.ray)."""
+    captured = []
+
+    def closure():
+        captured.append(1)
+        return len(captured)
+
+    def default(items=[]):  # noqa: B006 - the state under test
+        items.append(1)
+        return len(items)
+
+    class Counter:
+        def __init__(self):
+            self.count = 0
+
+        def __call__(self):
+            self.count += 1
+            return self.count
+
+    for fn in (closure, default, Counter()):
+        dispatcher, rank = Dispatcher(), RankCalls()
+        call = prepare(fn)
+        seen = []
+        for _ in range(3):
+            message = dispatcher.message(call)
+            seen.append(deliver(rank, message))
+            dispatcher.completed(call, message)
+        assert seen == [1, 1, 1], fn
+        assert dispatcher.message(prepare(fn)).fn is None  # the key path, then repeats ran
+    assert captured == []  # the caller's own objects were never touched
 
 
 def test_a_completed_call_repeated_with_nothing_between_goes_without_arguments():
@@ -54,7 +102,7 @@ def test_a_completed_call_repeated_with_nothing_between_goes_without_arguments()
     assert not dispatcher.message(call).again
 
 
-def test_the_rank_repeats_its_last_call_with_fresh_arguments_and_the_next_id():
+def test_the_rank_repeats_its_latest_call_with_fresh_arguments():
     rank, dispatcher = RankCalls(), Dispatcher()
 
     def append(items):
@@ -63,10 +111,19 @@ def test_the_rank_repeats_its_last_call_with_fresh_arguments_and_the_next_id():
 
     call = prepare(append, [[]])
     assert deliver(rank, dispatcher.message(call)) == 1
-    for expected_id in (2, 3):
-        call_id, function, args = rank.repeat()
-        assert call_id == expected_id
+    for call_id in (2, 3):
+        function, args = rank.repeat(call_id)
         assert invoke(function, args, None) == 1  # the list is unpickled anew each time
+
+
+def test_a_repeat_takes_the_latest_call_by_id_even_when_calls_ran_out_of_order():
+    rank = RankCalls()
+    rank.resolve(2, None, prepare(add, [2]).fn, prepare(add, [2]).args)
+    rank.resolve(1, None, prepare(add, [1]).fn, prepare(add, [1]).args)  # ran late
+    function, args = rank.repeat(3)
+    assert invoke(function, args, None) == 2
+    with pytest.raises(RuntimeError, match="call 5 repeats call 4; latest here: 3"):
+        rank.repeat(5)
 
 
 def test_the_cache_is_bounded_by_count_and_by_bytes():
@@ -75,6 +132,7 @@ def test_the_cache_is_bounded_by_count_and_by_bytes():
     uncached = by_count.message(prepare(len, [[1, 2]]))
     assert uncached.key is None and uncached.fn is not None
     assert deliver(rank, uncached) == 2
+    by_count.completed(prepare(add, [1]), by_count.message(prepare(add, [2])))
     cached = by_count.message(prepare(add, [3]))
     assert cached.fn is None and deliver(rank, cached) == 3  # the first one stays cached
     small = prepare(add)

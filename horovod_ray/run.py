@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any, Callable, Iterable, Mapping, Sequence
+import re
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import ray
 
@@ -39,6 +41,7 @@ def run(
     max_restarts: int = 0,
     stall_timeout_s: float = STALL_TIMEOUT_S,
     niceness: int | None = None,
+    placement_group_timeout_s: float = 100,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -81,6 +84,9 @@ def run(
             enters before the job fails with ``HangError`` (default 600; 0: off).
         niceness: The ranks' niceness, 0 (horovodrun's) to 19; None keeps Ray's (see
             ``create_settings``: lowering it needs CAP_SYS_NICE on the nodes).
+        placement_group_timeout_s: Seconds to wait for Ray to place the ranks before
+            failing with ``PlacementTimeoutError`` (default 100): raise it when the
+            cluster must first grow (an autoscaler) or is busy.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -91,7 +97,8 @@ def run(
             ``discovery_interval_s``) without ``min_workers``.
         ElasticLimitError: An elastic job stayed below ``min_workers`` too long, or reset
             more than ``reset_limit`` times.
-        PlacementTimeoutError: The cluster cannot hold the job.
+        PlacementTimeoutError: The cluster could not hold the job within
+            ``placement_group_timeout_s``.
         WorkerFailedError: A rank raised or died (with ``max_restarts``, in every
             attempt; the text lists each attempt's cause); ``HangError``, a kind of it,
             when ranks waited on one that never joined their collective.
@@ -100,7 +107,11 @@ def run(
     from horovod_ray.executor import RayExecutor
 
     settings = create_settings(
-        timeout_s=timeout_s, nics=nics, stall_timeout_s=stall_timeout_s, niceness=niceness
+        timeout_s=timeout_s,
+        placement_group_timeout_s=placement_group_timeout_s,
+        nics=nics,
+        stall_timeout_s=stall_timeout_s,
+        niceness=niceness,
     )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
@@ -120,11 +131,12 @@ def run(
             discovery_interval_s=discovery_interval_s,
         )
 
-    executor()  # checks the job's arguments
-    # Everything the executor would check later is checked now, before Ray starts, and
-    # the function and its arguments are pickled once, here.
-    call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
-    env = check_env(env)
+    with _named_as_run():
+        executor()  # checks the job's arguments
+        # Everything the executor would check later is checked now, before Ray starts,
+        # and the function and its arguments are pickled once, here.
+        call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
+        env = check_env(env)
     callbacks = calls.check_callbacks(callbacks)
     _ensure_ray()
 
@@ -137,6 +149,27 @@ def run(
             job.stop()
 
     return restarts.with_restarts(max_restarts, run_attempt)
+
+
+# RayExecutor's parameters under the names run() gives them.
+_RUN_NAMES = {
+    "num_workers_per_host": "num_slots",
+    "cpus_per_worker": "cpus_per_slot",
+    "extra_env_vars": "env",
+}
+
+
+@contextlib.contextmanager
+def _named_as_run() -> Iterator[None]:
+    """Re-raises the executor's ConfigError with the parameter's name in run()."""
+    try:
+        yield
+    except ConfigError as err:
+        name = _RUN_NAMES.get(err.parameter)
+        if name is None:
+            raise
+        message = re.sub(rf"\b{err.parameter}\b", name, str(err))
+        raise ConfigError(name, message) from None
 
 
 def _check_sizes(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import numbers
 from typing import Iterable, Mapping
 
@@ -26,8 +27,21 @@ STALL_WARNING_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 STALL_SHUTDOWN_ENV = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
 
 
+# The longest duration any ``*_s`` setting takes: a year. Longer ones mean "never", and
+# some are handed on as whole seconds (HOROVOD_GLOO_TIMEOUT_SECONDS) or to waits that
+# overflow far below float's range.
+MAX_SECONDS = 365 * 24 * 3600
+# The most of a count (ranks, hosts, ranks per host) and of a resource one rank reserves:
+# far above any cluster, and far below what a list of bundles or Ray's fixed-point
+# resource amounts can hold (10**30 ranks would be allocated as a list of bundles).
+MAX_COUNT = 1 << 20
+MAX_AMOUNT = 1e6
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A real number that is finite: inf and nan pass every comparison check otherwise
+    (nan > 0 is False, so does nan <= 0) and fail only once Ray resources are taken."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def is_int(value: object) -> bool:
@@ -35,12 +49,33 @@ def is_int(value: object) -> bool:
 
 
 def require_positive(name: str, value: object, *, integer: bool = False) -> None:
-    """Raises ConfigError unless ``value`` is a positive number (an integer if asked)."""
-    kind = "an integer" if integer else "a number"
+    """Raises ConfigError unless ``value`` is a positive number (an integer if asked) no
+    larger than :data:`MAX_COUNT` (a count) or :data:`MAX_AMOUNT` (a resource amount)."""
+    kind = "an integer" if integer else "a finite number"
     if not (is_int(value) if integer else _is_number(value)):
         raise ConfigError(name, f"{name} must be {kind} > 0, got {value!r}")
     if value <= 0:
         raise ConfigError(name, f"{name} must be > 0, got {value!r}")
+    most = MAX_COUNT if integer else MAX_AMOUNT
+    if value > most:
+        raise ConfigError(name, f"{name} must be at most {most:g}, got {value!r}")
+
+
+def require_seconds(name: str, value: object, *, zero: str | None = None) -> None:
+    """Raises ConfigError unless ``value`` is a duration in seconds: finite, > 0 (or 0
+    when ``zero`` says what 0 means) and at most :data:`MAX_SECONDS`."""
+    lowest = ">= 0" if zero else "> 0"
+    meaning = f" ({zero})" if zero else ""
+    if not _is_number(value) or value < 0 or (value == 0 and not zero):
+        raise ConfigError(
+            name, f"{name} must be a finite number of seconds {lowest}{meaning}, got {value!r}"
+        )
+    if value > MAX_SECONDS:
+        raise ConfigError(
+            name,
+            f"{name} must be at most {MAX_SECONDS} seconds (a year), got {value!r}"
+            + ("; give 0 for none" if zero else ""),
+        )
 
 
 def _normalize_nics(nics: object) -> tuple[str, ...] | None:
@@ -105,14 +140,9 @@ class Settings:
     niceness: int | None = None
 
     def __post_init__(self) -> None:
-        require_positive("timeout_s", self.timeout_s)
-        if not _is_number(self.stall_timeout_s) or self.stall_timeout_s < 0:
-            raise ConfigError(
-                "stall_timeout_s",
-                f"stall_timeout_s must be a number of seconds >= 0 (0: no hang detection), "
-                f"got {self.stall_timeout_s!r}",
-            )
-        require_positive("placement_group_timeout_s", self.placement_group_timeout_s)
+        require_seconds("timeout_s", self.timeout_s)
+        require_seconds("stall_timeout_s", self.stall_timeout_s, zero="0: no hang detection")
+        require_seconds("placement_group_timeout_s", self.placement_group_timeout_s)
         object.__setattr__(self, "nics", _normalize_nics(self.nics))
         if not is_int(self.verbose) or self.verbose < 0:
             raise ConfigError("verbose", f"verbose must be an integer >= 0, got {self.verbose!r}")
@@ -127,23 +157,33 @@ class Settings:
 
 def create_settings(
     timeout_s: float = 120,
-    placement_group_timeout_s: float = 100,
-    nics: Iterable[str] | None = None,
-    verbose: int = 1,
     ssh_identity_file: str | None = None,
     ssh_str: str | None = None,
+    placement_group_timeout_s: float = 100,
+    nics: Iterable[str] | None = None,
+    *,
+    verbose: int = 1,
     stall_timeout_s: float = STALL_TIMEOUT_S,
     niceness: int | None = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
-    ``ssh_identity_file`` and ``ssh_str`` are accepted so that code written for
-    ``horovod.ray`` runs unchanged; Ray starts the workers, so they are not used and no key
-    material is written anywhere.
+    The first five parameters are ``horovod.ray``'s, in its order, so that code written
+    for it runs unchanged; the others are keyword-only. ``ssh_identity_file`` and
+    ``ssh_str`` are accepted for that reason alone: Ray starts the workers, so they are not
+    used and no key material is written anywhere.
 
     Raises:
         ConfigError: A value is out of range or of the wrong type.
     """
+    for name, value in (("ssh_identity_file", ssh_identity_file), ("ssh_str", ssh_str)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(
+                name,
+                f"{name} must be a str or None, got {value!r}; the positional order is "
+                f"horovod.ray's (timeout_s, ssh_identity_file, ssh_str, "
+                f"placement_group_timeout_s, nics): pass the others by name",
+            )
     global _ssh_warned
     if (ssh_identity_file is not None or ssh_str is not None) and not _ssh_warned:
         _ssh_warned = True

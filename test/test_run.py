@@ -8,7 +8,7 @@ import re
 import pytest
 
 import horovod_ray
-from horovod_ray import ConfigError, WorkerFailedError, worker_output
+from horovod_ray import ConfigError, PlacementTimeoutError, WorkerFailedError, worker_output
 from test.conftest import alive_actors, run_fresh_python
 from test.test_executor import horovod_identity
 
@@ -101,6 +101,14 @@ def _resumes_from_its_checkpoint(folder: str) -> tuple[int, int]:
         if step == 1 and horovod_ray.attempt() == 0 and hvd.rank() == 1:
             os._exit(3)  # a rank dies mid-run
     return horovod_ray.attempt(), start
+
+
+def test_a_placement_the_cluster_cannot_hold_fails_within_runs_own_timeout(ray_4cpu, no_leaks):
+    """The troubleshooting page tells run() users to raise the placement timeout: run()
+    had no such parameter, and a job too large waited out the executor's 100 s."""
+    with pytest.raises(PlacementTimeoutError, match=r"placement_group_timeout_s=2s"):
+        horovod_ray.run(os.getpid, num_slots=2, cpus_per_slot=3, placement_group_timeout_s=2)
+    assert alive_actors() == []
 
 
 def test_a_failed_job_restarts_and_resumes_from_its_checkpoint(ray_4cpu, no_leaks, tmp_path):

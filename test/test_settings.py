@@ -34,6 +34,16 @@ BAD_SETTINGS = [
     ({"niceness": 0.0}, "niceness"),
     ({"niceness": "0"}, "niceness"),
     ({"niceness": False}, "niceness"),
+    # Not finite, or past a year: they used to pass, and fail once Ray resources were taken
+    # (timeout_s=inf: "cannot convert float infinity to integer").
+    ({"timeout_s": float("inf")}, "timeout_s"),
+    ({"timeout_s": float("nan")}, "timeout_s"),
+    ({"timeout_s": 1e300}, "timeout_s"),
+    ({"placement_group_timeout_s": float("inf")}, "placement_group_timeout_s"),
+    ({"placement_group_timeout_s": float("nan")}, "placement_group_timeout_s"),
+    ({"stall_timeout_s": float("inf")}, "stall_timeout_s"),
+    ({"stall_timeout_s": float("nan")}, "stall_timeout_s"),
+    ({"stall_timeout_s": 10**12}, "stall_timeout_s"),
 ]
 
 BAD_LAYOUTS = [
@@ -51,6 +61,20 @@ BAD_LAYOUTS = [
     ({"num_workers": 2, "use_gpu": "yes"}, "use_gpu"),
     ({"num_workers": 2, "use_current_placement_group": 1}, "use_current_placement_group"),
     ({"use_current_placement_group": False}, "num_workers"),
+    ({"num_workers": 2, "cpus_per_worker": float("nan")}, "cpus_per_worker"),
+    ({"num_workers": 2, "cpus_per_worker": float("inf")}, "cpus_per_worker"),
+    ({"num_workers": 2, "use_gpu": True, "gpus_per_worker": float("nan")}, "gpus_per_worker"),
+    # Elastic waits: nan made discovery never read the node table.
+    ({"min_workers": 2, "discovery_interval_s": float("nan")}, "discovery_interval_s"),
+    ({"min_workers": 2, "discovery_interval_s": float("inf")}, "discovery_interval_s"),
+    ({"min_workers": 2, "elastic_timeout": float("inf")}, "elastic_timeout"),
+    ({"min_workers": 2, "elastic_timeout": float("nan")}, "elastic_timeout"),
+    # Malformed hosts: a bare TypeError ('int' object is not iterable) before.
+    ({"hosts": [("a", 2), 5]}, "hosts"),
+    ({"hosts": [5]}, "hosts"),
+    ({"hosts": ["ab"]}, "hosts"),
+    ({"hosts": [("a", 2, 3)]}, "hosts"),
+    ({"hosts": "a:2"}, "hosts"),
 ]
 
 
@@ -68,6 +92,48 @@ def test_bad_layouts_name_the_parameter(kwargs, parameter):
         RayExecutor(RayExecutor.create_settings(), **kwargs)
     assert info.value.parameter == parameter
     assert parameter in str(info.value)
+
+
+def test_a_duration_says_it_must_be_finite_and_what_zero_means():
+    with pytest.raises(ConfigError, match=r"timeout_s must be a finite number of seconds > 0"):
+        RayExecutor.create_settings(timeout_s=float("inf"))
+    with pytest.raises(ConfigError, match=r"\(0: no hang detection\), got nan"):
+        RayExecutor.create_settings(stall_timeout_s=float("nan"))
+    with pytest.raises(ConfigError, match=r"at most 31536000 seconds \(a year\), got 1e\+300"):
+        RayExecutor.create_settings(timeout_s=1e300)
+    year = settings_module.MAX_SECONDS
+    assert RayExecutor.create_settings(timeout_s=year, stall_timeout_s=0).timeout_s == year
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter, executors",
+    [
+        ({"num_slots": 0}, "num_slots", "num_workers_per_host"),
+        ({"cpus_per_slot": float("nan")}, "cpus_per_slot", "cpus_per_worker"),
+        ({"env": {"HOROVOD_RANK": "3"}}, "env", "extra_env_vars"),
+        ({"env": ["A=1"]}, "env", "extra_env_vars"),
+    ],
+)
+def test_run_names_its_own_parameters_not_the_executors(kwargs, parameter, executors):
+    import horovod_ray
+
+    with pytest.raises(ConfigError) as info:
+        horovod_ray.run(len, **kwargs)
+    assert info.value.parameter == parameter
+    assert parameter in str(info.value) and executors not in str(info.value)
+
+
+def test_create_settings_takes_horovod_rays_positional_order():
+    """horovod.ray: create_settings(timeout_s, ssh_identity_file, ssh_str,
+    placement_group_timeout_s, nics); the rest of ours are keyword-only."""
+    settings = RayExecutor.create_settings(60, None, None, 30, ["lo"])
+    assert (settings.timeout_s, settings.placement_group_timeout_s) == (60, 30)
+    assert settings.nics == ("lo",)
+    with pytest.raises(ConfigError, match="pass the others by name") as info:
+        RayExecutor.create_settings(60, 30)  # our old order: placement_group_timeout_s second
+    assert info.value.parameter == "ssh_identity_file"
+    with pytest.raises(TypeError):
+        RayExecutor.create_settings(60, None, None, 30, None, 2)  # verbose: by name only
 
 
 def test_config_error_is_a_value_error_with_the_fix():

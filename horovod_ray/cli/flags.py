@@ -19,6 +19,7 @@ What the parsed flags become (the ranks' environment through horovod's own
 from __future__ import annotations
 
 import argparse
+import warnings
 from typing import Any
 
 # Set on the namespace: the destinations given on the command line, which the config file
@@ -154,6 +155,17 @@ def add_tuning_flags(run: argparse.ArgumentParser) -> None:
         "log_with_timestamp",
         "timestamps on horovod's log lines",
     )
+    # horovodrun's older names for the two above (deprecated there since 0.21): taken, as
+    # horovodrun takes them, with a warning that names the new one.
+    for old_name, value in (("--log-hide-timestamp", False), ("--no-log-hide-timestamp", True)):
+        params.add_argument(
+            old_name,
+            dest="log_with_timestamp",
+            action=_Deprecated,
+            nargs=0,
+            const=value,
+            help=argparse.SUPPRESS,
+        )
     params.add_argument(
         "--config-file",
         metavar="FILE",
@@ -257,6 +269,25 @@ def add_elastic_flags(parser: argparse.ArgumentParser) -> None:
         metavar=("LOW", "HIGH"),
         help="elastic: seconds a failed node is kept out, growing from LOW to HIGH",
     )
+
+
+# horovodrun's deprecated spellings of a switch, and what replaced them.
+_REPLACED_BY = {
+    "--log-hide-timestamp": "--log-without-timestamp",
+    "--no-log-hide-timestamp": "--log-with-timestamp",
+}
+
+
+class _Deprecated(Override):
+    """horovodrun's deprecated spelling of a switch: sets it, and says which to use."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(
+            f"{option_string} is deprecated (as in horovodrun): use {_REPLACED_BY[option_string]}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__call__(parser, namespace, values, option_string)
 
 
 class _Version(argparse.Action):

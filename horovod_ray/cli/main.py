@@ -115,8 +115,9 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
             settings,
             **job,
             cpus_per_worker=args.cpus_per_worker,
-            use_gpu=bool(args.gpus_per_worker),
-            gpus_per_worker=args.gpus_per_worker or None,
+            # Given at all, it asks for GPUs: 0 is refused (leave the flag out for none).
+            use_gpu=args.gpus_per_worker is not None,
+            gpus_per_worker=args.gpus_per_worker,
             use_current_placement_group=False,
         )
     except ConfigError as err:

@@ -8,10 +8,13 @@ Frozen dataclasses that validate in ``__post_init__``, so a bad value raises
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Mapping, Sequence
 
 from horovod_ray.errors import ConfigError
-from horovod_ray.settings import is_int, require_positive
+from horovod_ray.settings import is_int, require_positive, require_seconds
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,9 @@ def _check_hosts(
     """``hosts`` as (host, ranks) pairs; ConfigError naming what is wrong."""
     if num_workers is not None or num_hosts is not None:
         raise ConfigError("hosts", "give hosts alone: it sets the ranks and where they run")
-    pairs = tuple(tuple(pair) for pair in hosts) if isinstance(hosts, (list, tuple)) else ()
+    pairs = ()
+    if isinstance(hosts, (list, tuple)) and all(isinstance(p, (list, tuple)) for p in hosts):
+        pairs = tuple(tuple(pair) for pair in hosts)
     good = pairs and all(
         len(pair) == 2 and isinstance(pair[0], str) and pair[0] and is_int(pair[1]) and pair[1] >= 1
         for pair in pairs
@@ -172,8 +177,8 @@ class ElasticLayout:
                     f"1 <= low <= high <= 3600, got {self.cooldown_range!r}",
                 )
             object.__setattr__(self, "cooldown_range", bounds)
-        require_positive("elastic_timeout", self.elastic_timeout_s)
-        require_positive("discovery_interval_s", self.discovery_interval_s)
+        require_seconds("elastic_timeout", self.elastic_timeout_s)
+        require_seconds("discovery_interval_s", self.discovery_interval_s)
 
 
 def job_layouts(
@@ -237,7 +242,15 @@ def _elastic_bounds(
     """The elastic bounds, None for a static job (which then may not set the limits)."""
     if min_workers is None and max_workers is None:
         for name, value in limits.items():
-            if value is not None:
+            if name == "elastic_timeout" and value is not None:
+                # horovod.ray takes it (its default is 600) and ignores it on a static job.
+                require_seconds(name, value)
+                logger.warning(
+                    "elastic_timeout=%r is ignored: this is a static job (it is for elastic "
+                    "jobs, with min_workers)",
+                    value,
+                )
+            elif value is not None:
                 raise ConfigError(
                     name, f"{name} is for elastic jobs: give min_workers too, or drop it"
                 )

@@ -27,6 +27,8 @@ TUNING = [
     ["--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90"],
     ["--mpi-threads-disable", "--num-nccl-streams", "2", "--thread-affinity", "1", "--tcp"],
     ["--log-level", "DEBUG", "--log-without-timestamp"],
+    ["--log-hide-timestamp"],  # horovodrun's deprecated names: they used to exit 2 here
+    ["--no-log-hide-timestamp"],
     ["--gloo", "--disable-cache", "--network-interface", "lo", "--network-interface", "eth0"],
     [],
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 
 import pytest
 from horovod.runner.common.util.hosts import SlotInfo
@@ -143,7 +144,7 @@ def test_run_passes_elastic_limits_to_an_elastic_job(no_ray, name, value, text):
         ({"min_workers": 2, "num_hosts": 1}, "min_workers", "leave num_workers"),
         ({"max_workers": 4}, "min_workers", "max_workers needs min_workers"),
         ({"num_workers": 2, "reset_limit": 3}, "reset_limit", "give min_workers too"),
-        ({"num_workers": 2, "elastic_timeout": 9}, "elastic_timeout", "give min_workers too"),
+        ({"num_workers": 2, "elastic_timeout": -9}, "elastic_timeout", "> 0"),
         ({"min_workers": 1, "override_discovery": False}, "override_discovery", "MyDiscovery()"),
         ({"min_workers": 1, "override_discovery": {"a": 1}}, "override_discovery", "got dict"),
         (
@@ -196,3 +197,15 @@ NAMED = [
 def test_a_users_discovery_narrows_rays_nodes(wanted, narrowed, unknown):
     slots = node_slots(NAMED, {"CPU": 1})
     assert narrow(slots, wanted, NAMED, driver_node_id="head") == (narrowed, unknown)
+
+
+def test_a_static_job_takes_horovod_rays_elastic_timeout_and_says_it_is_ignored(caplog):
+    """horovod.ray's RayExecutor has elastic_timeout=600 by default and ignores it on a
+    static job: code that passes it must run here too (it was a ConfigError)."""
+    with caplog.at_level(logging.WARNING, logger="horovod_ray.job.layouts"):
+        executor = RayExecutor(num_workers=2, elastic_timeout=600)
+    assert executor.elastic is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "elastic_timeout=600 is ignored: this is a static job (it is for elastic jobs, "
+        "with min_workers)"
+    ]

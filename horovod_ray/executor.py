@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 5.0
 # Longest stop() waits for a cancelled start() to release what it took.
 STOP_CANCEL_S = 30.0
+# Longest stop() waits for another thread's stop (or a failed call's release) to end.
+STOP_WAIT_S = 60.0
 # Longest stacks() waits for a rank's answer.
 STACKS_TIMEOUT_S = 5.0
 
@@ -269,8 +271,9 @@ class RayExecutor:
         Returns:
             Each rank's return value, in world-rank order.
         """
-        kind = self._running(action, call)
-        return self._in_call(kind, lambda failing: kind.call(call, callbacks, True, failing))
+        return self._in_call(
+            action, call, lambda kind, failing: kind.call(call, callbacks, True, failing)
+        )
 
     def run_remote(
         self,
@@ -297,27 +300,41 @@ class RayExecutor:
             WorkerFailedError: Rank 0 raised or died; the job has been stopped.
         """
         call = calls.prepare_execute(fn)
-        kind = self._running("execute_single", call)
-        return self._in_call(kind, lambda failing: kind.call(call, [], False, failing))[0]
+        return self._in_call(
+            "execute_single", call, lambda kind, failing: kind.call(call, [], False, failing)
+        )[0]
 
-    def _in_call(self, kind: kinds.JobKind, call: Callable[[Callable], list[Any]]) -> list[Any]:
-        """Runs ``call(failing)``; on any failure (a rank's, Ctrl-C, a raising callback:
-        the ranks cannot be left half done) stops the job, which ends FAILED, and re-raises.
+    def _in_call(
+        self,
+        action: str,
+        call: calls.Call,
+        body: Callable[[kinds.JobKind, Callable[[], bool]], list[Any]],
+    ) -> list[Any]:
+        """Admits ``call`` and runs ``body(kind, failing)``; on any failure (a rank's,
+        Ctrl-C, a raising callback: the ranks cannot be left half done) stops the job,
+        which ends FAILED, and re-raises.
 
-        A kind calls ``failing()`` once it knows the call failed, before it releases
-        anything, so that no other call is admitted and no stop() takes over meanwhile.
+        The call counts as in flight from the moment it is admitted, under the same lock,
+        so that a stop() can never take it for idle. A kind calls ``failing()`` as soon
+        as it knows the call failed, before it looks at the ranks or releases anything:
+        it says whether the failure is this call's (the job moved to STOPPING), not a
+        stop() or another call's failure already under way.
+
+        Raises:
+            ExecutorStateError: The job was stopped (by stop(), or another call's failure)
+                while this call ran.
         """
+        kind = self._running(action, call, counted=True)
         moved: list[bool] = []
 
-        def failing() -> None:
+        def failing() -> bool:
             with self._lock:
                 if self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
                     moved.append(True)
+            return bool(moved)
 
-        with self._lock:
-            self._calls_in_flight += 1
         try:
-            return call(failing)
+            return body(kind, failing)
         except BaseException as err:
             failing()
             if moved:
@@ -325,6 +342,11 @@ class RayExecutor:
             interrupt = interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
+            if not moved and not isinstance(err, ExecutorStateError):
+                raise ExecutorStateError(
+                    f"{action} was ended because the job was stopped while it ran (by stop() "
+                    f"or another call's failure): {type(err).__name__}"
+                ) from err
             raise
         finally:
             with self._lock:
@@ -337,7 +359,9 @@ class RayExecutor:
 
         Idempotent; safe in any state, including after a failure. During ``start()`` (from
         another thread), makes ``start()`` give up at its next wait, release what it took
-        and raise; returns once it has.
+        and raise; returns once it has. While another thread stops the job (a stop(), a
+        failed call), returns once that has released it. A call in flight raises
+        ``ExecutorStateError``.
         """
         lifecycle = self._lifecycle
         if lifecycle.transition([ExecutorState.CREATED], ExecutorState.STOPPED):
@@ -348,12 +372,15 @@ class RayExecutor:
                 logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
                 return
         with self._lock:
-            # Under the lock calls are admitted: none begins once this moved.
+            # Under the lock calls are admitted and counted: none begins once this moved.
             busy = self._calls_in_flight > 0
             moved = lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
         if moved:
             grace_s = 0 if busy else STOP_GRACE_S
             lifecycle.end(lambda: self._job.stop(grace_s=grace_s), ExecutorState.STOPPED)
+        elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
+            # Another thread is stopping it (a stop(), a failed call): released once it ends.
+            logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
 
     shutdown = stop
 
@@ -365,8 +392,11 @@ class RayExecutor:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _running(self, action: str, call: calls.Call | None = None) -> kinds.JobKind:
-        """The job, if it can take ``action`` now (a ``call`` is then admitted)."""
+    def _running(
+        self, action: str, call: calls.Call | None = None, counted: bool = False
+    ) -> kinds.JobKind:
+        """The job, if it can take ``action`` now (a ``call`` is then admitted, and with
+        ``counted`` it is in flight until the caller takes it off)."""
         kind = self._job
         kind.refuse(action, call)
         with self._lock:
@@ -374,5 +404,7 @@ class RayExecutor:
             if state is ExecutorState.RUNNING:
                 if call is not None:
                     kind.admit()
+                if counted:
+                    self._calls_in_flight += 1
                 return kind
         raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")

@@ -99,6 +99,34 @@ class TestRunningJob:
         assert executor.execute(make("third")) == ["third"] * 3
         assert executor.execute(first) == ["first"] * 3
 
+    def test_each_call_starts_from_the_functions_state_as_sent(self, executor):
+        """A function that appends to a list it captured, run three times: it used to
+        return [1, 1, 1], then [2, 2, 2], then [3, 3, 3] (the ranks kept the object)."""
+        captured = []
+
+        def step():
+            captured.append(1)
+            return len(captured)
+
+        assert [executor.run(step) for _ in range(3)] == [[1, 1, 1]] * 3
+        assert executor.execute(lambda _: step()) == [1, 1, 1]
+
+    def test_calls_from_several_threads_each_get_their_own_function(self, executor):
+        def make(value):
+            return lambda: value
+
+        def calls(value, results):
+            fn = make(value)
+            results.extend(executor.run(fn) == [value] * 3 for _ in range(5))
+
+        results: list[bool] = []
+        threads = [threading.Thread(target=calls, args=(v, results)) for v in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert results == [True] * 20
+
     def test_run_passes_args_and_kwargs(self, executor):
         assert executor.run(lambda a, b=0: a * 10 + b, args=[4], kwargs={"b": 2}) == [42] * 3
 
@@ -419,6 +447,75 @@ def _note_exit(directory):
         os.replace(path + ".part", path)  # the test polls for the file: whole or absent
 
     atexit.register(note)
+
+
+def _when_stopping(executor, method, record):
+    """Wraps ``executor``'s ``method`` so that it waits, after running, until another
+    thread's stop() has moved the job on: the window a slow thread may be caught in."""
+    original = getattr(executor, method)
+
+    def wrapped(*args, **kwargs):
+        value = original(*args, **kwargs)
+        record.set()
+        wait_until(lambda: executor.state is not ExecutorState.RUNNING, timeout_s=30)
+        return value
+
+    return wrapped
+
+
+def test_a_call_admitted_as_stop_begins_is_counted_and_told_it_was_stopped(
+    ray_4cpu, no_leaks, monkeypatch
+):
+    """Admitted, not yet counted in flight: stop() took the ranks for idle (a 5 s grace)
+    and the call reported 'process died', blamed on the ranks stop() had killed."""
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start()
+    graces = []
+    job_stop = executor._job.stop
+    monkeypatch.setattr(
+        executor._job, "stop", lambda grace_s: job_stop(graces.append(grace_s) or grace_s)
+    )
+    admitted = threading.Event()
+    monkeypatch.setattr(executor, "_running", _when_stopping(executor, "_running", admitted))
+    outcome = {}
+
+    def call():
+        try:
+            outcome["value"] = executor.run(os.getpid)
+        except BaseException as err:  # noqa: BLE001 - checked below
+            outcome["error"] = err
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert admitted.wait(30)
+    executor.stop()
+    thread.join(60)
+    assert graces == [0]  # busy: no grace for ranks that are running a call
+    assert isinstance(outcome.get("error"), ExecutorStateError), outcome
+    assert "stopped while it ran" in str(outcome["error"])
+    assert executor.state is ExecutorState.STOPPED
+
+
+def test_stop_while_another_thread_stops_returns_once_the_job_is_released(
+    ray_4cpu, no_leaks, monkeypatch
+):
+    executor = RayExecutor(SETTINGS, num_workers=2)
+    executor.start()
+    job_stop = executor._job.stop
+    releasing = threading.Event()
+
+    def slow_stop(grace_s):
+        releasing.set()
+        time.sleep(1.0)
+        job_stop(grace_s)
+
+    monkeypatch.setattr(executor._job, "stop", slow_stop)
+    first = threading.Thread(target=executor.stop)
+    first.start()
+    assert releasing.wait(30)
+    executor.stop()  # used to return at once, the job still held
+    assert executor.state is ExecutorState.STOPPED
+    first.join(30)
 
 
 def test_stopped_ranks_run_exit_handlers_and_skip_the_last_collections(

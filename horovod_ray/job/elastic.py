@@ -94,7 +94,7 @@ class ElasticJob:
         call: calls.Call,
         callbacks: list[Callable[[dict], None]],
         all_ranks: bool = True,
-        failing: Callable[[], None] = lambda: None,
+        failing: Callable[[], bool] = lambda: True,
     ) -> list[Any]:
         """Runs an admitted ``run()`` elastically to its end (see :meth:`ElasticRun.run`);
         it has released everything by the time it raises, so ``failing`` is not needed."""

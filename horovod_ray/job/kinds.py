@@ -57,12 +57,13 @@ class JobKind(Protocol):
         call: Call,
         callbacks: list[Callable[[dict], None]],
         all_ranks: bool = True,
-        failing: Callable[[], None] = lambda: None,
+        failing: Callable[[], bool] = lambda: True,
     ) -> list[Any]:
         """Runs an admitted call to its end; each rank's value, in world-rank order. When
-        its ranks fail it calls ``failing()`` before it releases anything, and raises the
-        error ``failures`` decides; for anything else (Ctrl-C, a callback) the executor
-        stops the job."""
+        its ranks fail it calls ``failing()`` before it looks at them or releases
+        anything: True, and it raises the error ``failures`` decides; False (the job was
+        already being stopped), and it need not find out who failed. For anything else
+        (Ctrl-C, a callback) the executor stops the job."""
 
     def send(self, call: Call) -> list[ray.ObjectRef]:
         """Starts an admitted call on every rank without waiting."""

@@ -26,7 +26,7 @@ from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from horovod_ray.errors import HangError, PlacementTimeoutError, WorkerFailedError
+from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError, WorkerFailedError
 from horovod_ray.failures import attribution, probe
 from horovod_ray.job import bringup, placement
 from horovod_ray.job.layouts import WorkerLayout
@@ -257,12 +257,12 @@ class StaticJob:
         call: calls.Call,
         callbacks: list[Callable[[dict], None]],
         all_ranks: bool = True,
-        failing: Callable[[], None] = lambda: None,
+        failing: Callable[[], bool] = lambda: True,
     ) -> list[Any]:
         """Runs ``call`` on every rank (rank 0 only without ``all_ranks``), passing rank
         0's ``log()`` dicts to ``callbacks``; each rank's value, in world-rank order.
-        ``failing`` is called when a rank failed, once every rank was looked at and before
-        the job is released.
+        ``failing`` is called when a rank failed, before the ranks are looked at and the job
+        is released (see :meth:`_fail`).
 
         Raises:
             WorkerFailedError: A rank raised or died; the job has been released.
@@ -299,9 +299,20 @@ class StaticJob:
         return [calls.send(actor, message, as_raised=True) for actor in self.actors]
 
     def _fail(
-        self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], None]
+        self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], bool]
     ) -> None:
-        """Works out who caused a failure (see attribution.py), releases the job, raises."""
+        """Works out who caused a failure (see attribution.py), releases the job, raises.
+
+        ``failing()`` comes first: from then on no stop() releases the ranks while they are
+        looked at, which would blame the failure on the ranks it killed. When the job was
+        already being stopped (a stop(), another call's failure), the ranks' state says
+        nothing of this call: it is released and raises at once.
+        """
+        if not failing():
+            self.stop(grace_s=0)
+            for ref in refs:
+                probe.error_of(ref)
+            raise HorovodRayError("the job was stopped while the call ran")
         timeout_s = self._settings.timeout_s
         stopped = _settle_if_collectives_stopped(refs)
         snapshot, first = probe.probe(
@@ -317,7 +328,6 @@ class StaticJob:
         error = self._hang_error(snapshot) if stopped and not lost else None
         if error is None:
             error = attribution.error_for(attribution.attribute(snapshot), timeout_s)
-        failing()
         self.stop(grace_s=0)
         for ref in refs:
             # Read every outcome, so Ray does not log the rest as unhandled errors.

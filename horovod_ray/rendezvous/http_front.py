@@ -14,13 +14,13 @@ The keys themselves live in ``store.Store``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import http
 import logging
 import re
 import socket
 import threading
+import time
 from typing import Any, Callable, Iterable, Protocol
 
 from horovod_ray.rendezvous.store import GLOBAL_SCOPE, Store
@@ -39,11 +39,26 @@ MAX_BATCH_BYTES = 16 << 20
 BACKLOG = socket.SOMAXCONN
 # Longest a client may take to send its request line, headers and body.
 REQUEST_READ_S = 10.0
+# Longest a client may take to send its head: a few hundred bytes that horovod's client
+# writes at once. Until the secret in it is checked, a connection holds no more than this.
+HEAD_READ_S = 5.0
+# The request head's limit. Nothing is read past it before the secret is checked: a
+# connection's reader pauses its socket once it holds twice this, so a flood of
+# megabyte heads costs each connection tens of kB for an instant (431), not megabytes
+# for seconds. Batched bodies, read after the check, still arrive in full.
+HEAD_LIMIT_BYTES = 16 << 10
+# A source outside the job is answered 403 at once; what it already sent is read (at
+# most this much, for at most STRANGER_READ_S) and dropped, so that closing does not reset
+# the connection before the 403 is read.
+STRANGER_DRAIN_BYTES = 64 << 10
 STRANGER_READ_S = 1.0
-# The request head's limit, and the buffer a connection's reader fills before it pauses
-# the socket: a batched body of 4096 ranks (550 kB) then arrives in one go, not in
-# 32 kB steps.
-STREAM_LIMIT_BYTES = 1 << 20
+# Connections served at once; past it a new one is closed unanswered. A whole job's ranks
+# knock at once (2048 simulated ones in bench/scale.py) and fit; a flood does not take
+# the driver's file descriptors or memory with it.
+MAX_CONNECTIONS = 4096
+# A refusal is logged at WARNING once per source and reason in this many seconds; the
+# next WARNING counts the ones in between.
+REFUSAL_LOG_S = 60.0
 _PATH = re.compile(r"^/([A-Za-z0-9_.:\-]{1,256})/([A-Za-z0-9_.:\-]{1,256})$")
 _BATCH_KEYS = ("_mset", "_mget")
 _KNOWN_METHODS = {"GET", "PUT", "DELETE", "POST", "HEAD"}
@@ -62,6 +77,37 @@ class Hooks(Protocol):
 
     def put(self, scope: str, key: str, value: bytes) -> None:
         """Sees a PUT before the store keeps it; may block."""
+
+
+_ANSWER = b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+
+
+class Refusals:
+    """Logs refused requests without letting a flood of them flood the log: a WARNING
+    the first time a (source, reason) is seen in :data:`REFUSAL_LOG_S`, which counts the
+    refusals held back since the last one; DEBUG for the rest.
+
+    Args:
+        clock: Seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # (source, reason) -> (when its last WARNING was logged, refusals held back since)
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def note(self, source: str, reason: str) -> None:
+        now = self._clock()
+        logged_at, held = self._seen.get((source, reason), (None, 0))
+        if logged_at is not None and now - logged_at < REFUSAL_LOG_S:
+            self._seen[source, reason] = (logged_at, held + 1)
+            logger.debug("rendezvous: refused a request from %s (%s)", source, reason)
+            return
+        if len(self._seen) > 1024:  # a flood from many sources: forget the old ones
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < REFUSAL_LOG_S}
+        self._seen[source, reason] = (now, 0)
+        more = f"; {held} more since the last warning" if held else ""
+        logger.warning("rendezvous: refused a request from %s (%s)%s", source, reason, more)
 
 
 class _RefusedError(Exception):
@@ -92,6 +138,8 @@ class HttpFront:
     ) -> None:
         self.store = store
         self.allowed_sources = frozenset(allowed_sources)
+        self.refusals = Refusals()
+        self._open = 0  # connections being served; only the loop's thread touches it
         self._prefix = path_prefix.encode()
         self._hooks = hooks
         self._trace = trace
@@ -100,23 +148,47 @@ class HttpFront:
         self.allowed_sources = self.allowed_sources | {address}
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        source = writer.get_extra_info("peername")[0]
+        if self._open >= MAX_CONNECTIONS:
+            self.refusals.note(source, f"over {MAX_CONNECTIONS} connections at once")
+            writer.transport.abort()
+            return
+        self._open += 1
+        try:
+            if source not in self.allowed_sources:
+                # Known at accept: a stranger's request is not parsed, only answered.
+                self.refusals.note(source, "not a worker node")
+                await self._refuse_stranger(reader, writer)
+            else:
+                await self._serve(reader, writer, source)
+        finally:
+            self._open -= 1
+
+    async def _refuse_stranger(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            writer.write(_ANSWER % (403, b"Forbidden", 0))
+            writer.write_eof()
+            drained = 0
+            async with asyncio.timeout(STRANGER_READ_S):
+                while drained < STRANGER_DRAIN_BYTES and (data := await reader.read(4096)):
+                    drained += len(data)
+        except (TimeoutError, OSError, RuntimeError):
+            pass
+        except asyncio.CancelledError:
+            writer.transport.abort()
+        finally:
+            writer.close()
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, source: str
+    ) -> None:
         method, scope, key = "", "", ""
         try:
-            source = writer.get_extra_info("peername")[0]
             try:
-                # Known at accept: a stranger's request is not parsed, only its head
-                # taken off the wire (closing on unread bytes would reset the
-                # connection before it read its 403), for a second at the most.
-                if source not in self.allowed_sources:
-                    logger.warning(
-                        "rendezvous: refused a request from %s (not a worker node)", source
-                    )
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), STRANGER_READ_S)
-                    raise _RefusedError(403)
-                method, scope, key, body = await asyncio.wait_for(
-                    self._read(reader, source), REQUEST_READ_S
-                )
+                async with asyncio.timeout(REQUEST_READ_S):
+                    method, scope, key, body = await self._read(reader, source)
                 status, answer = await self._answer(method, scope, key, body)
             except _RefusedError as refused:
                 status, answer = refused.status, b""
@@ -135,10 +207,7 @@ class HttpFront:
                 )
                 status, answer = 500, b""
             reason = http.HTTPStatus(status).phrase
-            writer.write(
-                b"HTTP/1.1 %d %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-                % (status, reason.encode(), len(answer))
-            )
+            writer.write(_ANSWER % (status, reason.encode(), len(answer)))
             writer.write(answer)
             await writer.drain()
             if self._trace is not None:
@@ -165,8 +234,10 @@ class HttpFront:
 
     async def _read(self, reader: asyncio.StreamReader, source: str) -> tuple:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
+            async with asyncio.timeout(HEAD_READ_S):
+                head = await reader.readuntil(b"\r\n\r\n")
         except asyncio.LimitOverrunError as err:
+            self.refusals.note(source, "a request head over the limit")
             raise _RefusedError(431) from err
         lines = head[:-4].split(b"\r\n")
         parts = lines[0].split(b" ")
@@ -177,7 +248,7 @@ class HttpFront:
             raise _RefusedError(501)
         target = parts[1]
         if not hmac.compare_digest(target[: len(self._prefix)], self._prefix):
-            logger.warning("rendezvous: refused a request from %s without the job secret", source)
+            self.refusals.note(source, "without the job secret")
             raise _RefusedError(403)
         match = _PATH.match(target[len(self._prefix) :].decode("latin-1"))
         if match is None:

@@ -6,13 +6,16 @@ reads the others'. horovod's own server (``horovod.runner.http.http_server``) li
 every interface, serves anyone, and starts a thread per request. This one:
 
 * binds one address only (loopback when the whole job is on the driver's node);
-* answers only the job's worker nodes (403 to any other source address);
+* answers only the job's worker nodes (403 at once to any other source address);
 * answers only requests that carry the job's secret, made fresh when the job's server
   starts (403 otherwise). horovod's C++ client builds its URLs as
   ``http://ADDR:PORT/<scope>/<key>``; handing the workers ``ADDR = host:port/<secret>``
   makes every request ``http://host:port/<secret>:PORT/<scope>/<key>``, so the secret
   travels in the path without changing horovod;
-* rejects malformed requests (bad paths, missing or oversized bodies) with 4xx;
+* rejects malformed requests (bad paths, missing or oversized bodies) with 4xx, and
+  reads no more than a 16 KiB head before the secret is checked; serves at most
+  ``MAX_CONNECTIONS`` connections at once, and logs each kind of refusal once a minute
+  per source (see http_front.py);
 * answers batched requests (``POST <scope>/_mset``, ``POST <scope>/_mget``) for this
   repository's horovod build (patches/horovod-0.28.1-rendezvous-batched.patch): a rank
   publishes all its pair addresses in one request and waits for all of its peers' in
@@ -42,9 +45,9 @@ from horovod_ray.errors import RendezvousError
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.http_front import (
     BACKLOG,
+    HEAD_LIMIT_BYTES,
     MAX_BATCH_BYTES,
     MAX_BODY_BYTES,
-    STREAM_LIMIT_BYTES,
     Hooks,
     HttpFront,
     Trace,
@@ -191,7 +194,7 @@ class RendezvousServer:
             try:
                 ready["server"] = loop.run_until_complete(
                     asyncio.start_server(
-                        front.handle, sock=listener, limit=STREAM_LIMIT_BYTES, backlog=BACKLOG
+                        front.handle, sock=listener, limit=HEAD_LIMIT_BYTES, backlog=BACKLOG
                     )
                 )
             except BaseException as err:  # noqa: BLE001 - handed to start()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import http.client
+import logging
 import socket
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from horovod_ray import RendezvousError
 from horovod_ray.rank.assignment import WorkerRecord, assign_ranks
 from horovod_ray.rank.network import local_interfaces
+from horovod_ray.rendezvous.http_front import HEAD_LIMIT_BYTES, REFUSAL_LOG_S, Refusals
 from horovod_ray.rendezvous.server import (
     MAX_BATCH_BYTES,
     MAX_BODY_BYTES,
@@ -351,3 +354,46 @@ def test_verbose_2_logs_each_scope_change_at_info(caplog):
                 server.stop()
         cleared = [r for r in caplog.records if "scope global cleared" in r.getMessage()]
         assert [r.levelno for r in cleared] == [level]
+
+
+def test_refusals_are_logged_once_per_source_and_reason_in_each_interval(caplog):
+    now = [0.0]
+    refusals = Refusals(clock=lambda: now[0])
+    with caplog.at_level(logging.DEBUG, logger="horovod_ray.rendezvous.server"):
+        for _ in range(500):
+            refusals.note("10.0.0.9", "without the job secret")
+        refusals.note("10.0.0.8", "without the job secret")
+        refusals.note("10.0.0.9", "not a worker node")
+        now[0] = REFUSAL_LOG_S + 1
+        refusals.note("10.0.0.9", "without the job secret")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "rendezvous: refused a request from 10.0.0.9 (without the job secret)",
+        "rendezvous: refused a request from 10.0.0.8 (without the job secret)",
+        "rendezvous: refused a request from 10.0.0.9 (not a worker node)",
+        "rendezvous: refused a request from 10.0.0.9 (without the job secret); "
+        "499 more since the last warning",
+    ]
+
+
+def test_a_head_past_the_limit_is_refused_before_the_secret_is_read(server):
+    huge = {"X-Padding": "x" * (HEAD_LIMIT_BYTES + 1)}
+    assert _request(server, "GET", "/global/0", headers=huge)[0] == 431
+    assert _request(server, "PUT", "/global/1", body=b"ok")[0] == 200
+
+
+def test_past_the_connection_cap_new_connections_are_closed_unanswered(server, monkeypatch):
+    from horovod_ray.rendezvous import http_front
+
+    monkeypatch.setattr(http_front, "MAX_CONNECTIONS", 2)
+    host, port = server.address
+    held = [socket.create_connection((host, port)) for _ in range(2)]  # send nothing
+    try:
+        time.sleep(0.3)
+        with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
+            _request(server, "GET", "/global/0")
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)
+    assert _request(server, "PUT", "/global/1", body=b"ok")[0] == 200

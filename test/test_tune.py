@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -346,3 +347,60 @@ def test_ranks_session_is_what_ray_tune_reads(tmp_path):
         rank_session.install_session(None)
         session.close()
     assert tune.get_checkpoint() is None
+
+
+def _restore_and_wait(config):
+    """A trial function that restores its checkpoint, says where the copy is, and trains
+    on until it is stopped."""
+    checkpoint = tune.get_checkpoint()
+    Path(config["out"], f"copy-{os.environ['HOROVOD_RANK']}").write_text(checkpoint.path)
+    time.sleep(120)
+
+
+def test_a_stopped_trials_restored_copies_are_removed_by_the_next_trial(ray_4cpu, tmp_path):
+    """A trial stopped by a stopper or a scheduler has its ranks killed without grace, so
+    their copies of the restored checkpoint stayed on disk, one set per restore."""
+    from horovod_ray import RayExecutor
+    from horovod_ray.tune import session as rank_session
+
+    (tmp_path / "weights.txt").write_text("w=3")
+    packed = rank_session.pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
+    settings = RayExecutor.create_settings(timeout_s=60)
+    stopped = RayExecutor(settings, num_workers=2)
+    stopped.start()
+    try:
+        stopped.run_remote(
+            rank_session.rank_main, args=[_restore_and_wait, {"out": str(tmp_path)}, packed, {}]
+        )
+        outs = [tmp_path / "copy-0", tmp_path / "copy-1"]
+        assert wait_until(lambda: all(p.exists() for p in outs), timeout_s=60)
+        copies = [Path(p.read_text()) for p in outs]
+        assert all((copy / "weights.txt").exists() for copy in copies)
+    finally:
+        stopped.stop()  # as Tune's cleanup() does: the ranks are killed mid-trial
+    assert all(copy.exists() for copy in copies)  # nothing could remove them then
+    with RayExecutor(settings, num_workers=2) as next_trial:
+        next_trial.run(rank_session.rank_main, args=[lambda config: None, {}, None, {}])
+    assert not any(copy.exists() for copy in copies)
+
+
+def test_only_copies_of_processes_that_are_gone_are_swept(tmp_path):
+    from horovod_ray.tune.session import FORWARDED_PREFIX, RESTORED_PREFIX, sweep_stale
+
+    gone = _dead_pid()
+    names = [
+        f"{RESTORED_PREFIX}{gone}-abc",
+        f"{FORWARDED_PREFIX}{gone}-def",
+        f"{RESTORED_PREFIX}{os.getpid()}-ghi",  # this process: still in use
+        f"other-{gone}-jkl",
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+    assert sorted(sweep_stale(str(tmp_path))) == sorted(names[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid

@@ -70,6 +70,11 @@ def _ray_internals() -> tuple[ModuleType, Callable[..., Any]]:
 train_session, wrap_function = _ray_internals()
 
 
+# The folders checkpoint copies are made in, followed by the process id and a suffix.
+RESTORED_PREFIX = "horovod_ray-restored-"
+FORWARDED_PREFIX = "horovod_ray-checkpoint-"
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """One ``ray.tune.report`` from rank 0, on its way to the trial's actor."""
@@ -122,7 +127,7 @@ class RankSession:
         if self._checkpoint_bytes is None:
             return None
         if self._checkpoint_dir is None:
-            directory = tempfile.mkdtemp(prefix="horovod_ray-restored-")
+            directory = tempfile.mkdtemp(prefix=f"{RESTORED_PREFIX}{os.getpid()}-")
             self._checkpoint_dir = _unpack(self._checkpoint_bytes, directory)
         return tune.Checkpoint.from_directory(self._checkpoint_dir)
 
@@ -147,7 +152,39 @@ def install_session(session: RankSession | None) -> None:
     train_session._session = session
 
 
+def sweep_stale(root: str | None = None) -> list[str]:
+    """Removes the checkpoint copies (restored on a rank, or on their way to Tune) that a
+    process left when it was killed: a stopped trial's ranks are killed with no grace, so
+    the ``finally`` that removes their copy never runs, and Population Based Training
+    restores again and again. A copy's folder names its process; a process that is gone
+    leaves a copy nobody reads. Returns the folders removed.
+
+    Args:
+        root: Where the copies are made (the temporary folder by default).
+    """
+    root = tempfile.gettempdir() if root is None else root
+    removed = []
+    for name in os.listdir(root):
+        prefix = next((p for p in (RESTORED_PREFIX, FORWARDED_PREFIX) if name.startswith(p)), None)
+        pid = name[len(prefix) :].split("-", 1)[0] if prefix else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def rank_main(func: Callable[[dict], Any], config: dict, checkpoint, trial_info: dict) -> None:
+    sweep_stale()
     session = RankSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial_info)
     install_session(session)
     try:
@@ -164,7 +201,7 @@ def forward(item: object) -> None:
     if item.checkpoint is None:
         tune.report(item.metrics)
         return
-    directory = tempfile.mkdtemp(prefix="horovod_ray-checkpoint-")
+    directory = tempfile.mkdtemp(prefix=f"{FORWARDED_PREFIX}{os.getpid()}-")
     try:
         _unpack(item.checkpoint, directory)
         # Tune persists the checkpoint to the trial's storage before report returns.

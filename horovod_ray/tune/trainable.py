@@ -32,7 +32,13 @@ from horovod_ray.executor import ExecutorState, RayExecutor
 from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank.calls import pickle_fn
 from horovod_ray.settings import Settings, create_settings, require_positive
-from horovod_ray.tune.session import forward, pack_checkpoint, rank_main, wrap_function
+from horovod_ray.tune.session import (
+    forward,
+    pack_checkpoint,
+    rank_main,
+    sweep_stale,
+    wrap_function,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +122,7 @@ def _stop_all() -> None:
 
 def _run_trial(config: dict, spec: _TrialSpec) -> None:
     """Runs on the trial's actor: the trial's Horovod job, warm from the last trial or new."""
+    sweep_stale()  # a killed trial actor's copy on its way to Tune, if any
     checkpoint = pack_checkpoint(tune.get_checkpoint())
     context = tune.get_context()
     trial_info = {

@@ -26,16 +26,17 @@ setup(
     long_description_content_type="text/x-rst",
     packages=find_packages(include=["horovod_ray", "horovod_ray.*"]),
     python_requires=">=3.11,<3.12",
-    # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see docs/install.rst. Ray is not
-    # capped: horovod_ray.tune checks at import for the two Ray 2.60 internals it uses.
-    install_requires=["ray[default]>=2.60", "horovod>=0.28.1", "cloudpickle"],
+    # horovod must be built with Gloo (HOROVOD_WITH_GLOO=1); see docs/install.rst. Ray is
+    # capped below its next major: the local Ray of run() and horovod_ray.tune use a few of
+    # Ray 2's internals (horovod_ray.tune checks for its two at import).
+    install_requires=["ray[default]>=2.60,<3", "horovod>=0.28.1", "cloudpickle"],
     entry_points={"console_scripts": ["horovod-ray=horovod_ray.cli.main:main"]},
     extras_require={
         # Two TensorFlow lines are built and tested (docs/install.rst): today's, with
         # Keras 3, and the 2023 line, whose tf.keras is Keras 2.
         "tensorflow": ["tensorflow-cpu>=2.21,<2.22", "keras>=3.15,<4"],
         "tensorflow-2023": ["tensorflow-cpu>=2.15,<2.16"],
-        "tune": ["ray[tune]>=2.60"],
+        "tune": ["ray[tune]>=2.60,<3"],
         "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils", "psutil>=6"],
         "examples": ["scikit-learn"],
         "bench": ["matplotlib"],

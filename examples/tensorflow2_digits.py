@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by local workers
     if args.address:
         ray.init(address=args.address)
-    else:
-        ray.init(num_cpus=max(args.num_workers, os.cpu_count() or 1), include_dashboard=False)
+    # Otherwise run() starts a local Ray sized for the job, its workers at normal priority.
 
     started = time.perf_counter()
     results = horovod_ray.run(

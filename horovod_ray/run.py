@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -93,8 +94,9 @@ def run(
 
     Raises:
         ConfigError: A bad argument, before Ray is touched; also an elastic argument
-            (``reset_limit``, ``cooldown_range``, ``elastic_timeout``,
-            ``discovery_interval_s``) without ``min_workers``.
+            (``reset_limit``, ``cooldown_range``, ``discovery_interval_s``) without
+            ``min_workers`` (``elastic_timeout`` is taken and ignored, with a warning, as
+            horovod.ray does).
         ElasticLimitError: An elastic job stayed below ``min_workers`` too long, or reset
             more than ``reset_limit`` times.
         PlacementTimeoutError: The cluster could not hold the job within
@@ -138,7 +140,8 @@ def run(
         call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
         env = check_env(env)
     callbacks = calls.check_callbacks(callbacks)
-    _ensure_ray()
+    ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
+    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
 
     def run_attempt(number: int) -> list[Any]:
         job = executor()
@@ -194,8 +197,9 @@ def _check_sizes(
         )
 
 
-def _ensure_ray() -> None:
-    """Joins RAY_ADDRESS, or starts a local Ray, when this process has none."""
+def _ensure_ray(num_cpus: int) -> None:
+    """Joins RAY_ADDRESS, or starts a local Ray with room for ``num_cpus`` CPUs (at least
+    the machine's), when this process has none."""
     if ray.is_initialized():
         return
     if os.environ.get("RAY_ADDRESS"):
@@ -205,4 +209,4 @@ def _ensure_ray() -> None:
     else:
         # A new local instance, never another one that happens to run on the machine.
         logger.info("no Ray running in this process: starting a local one")
-        local_ray.start()
+        local_ray.start(num_cpus=max(os.cpu_count() or 1, num_cpus))

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from test.conftest import DOC_FILES, ROOT, doc_blocks, start_cluster, start_local_ray
+from test.conftest import (
+    DOC_FILES,
+    ROOT,
+    doc_blocks,
+    run_fresh_python,
+    start_cluster,
+    start_local_ray,
+)
 
 README = (ROOT / "README.rst").read_text()
 # Every page, README first: where the example commands are looked up.
@@ -256,3 +263,60 @@ def test_readmes_support_matrix_is_the_install_pages():
         )[0]
 
     assert matrix(README) == matrix((ROOT / "docs" / "install.rst").read_text())
+
+
+def _ray_not_initialised() -> str:
+    # In a fresh interpreter: this one may hold a Ray of an earlier test.
+    code = (
+        "from horovod_ray import RayExecutor\n"
+        "try:\n"
+        "    RayExecutor(num_workers=1).start()\n"
+        "except Exception as error:\n"
+        "    print(f'{type(error).__name__}: {error}')\n"
+    )
+    return run_fresh_python(code).strip()
+
+
+def _nics_no_node_has() -> str:
+    from horovod_ray import ConfigError
+    from horovod_ray.rank.network import NodeFacts, gloo_ifaces
+
+    node = NodeFacts(
+        node_id="a" * 40,
+        node_ip="10.0.0.2",
+        node_ip_iface="ens5",
+        loopback_iface="lo",
+        interfaces=("ens5", "lo"),
+        hostname="worker-2",
+        hostname_address=None,
+        gloo_iface_fixed=True,
+    )
+    with pytest.raises(ConfigError) as info:
+        gloo_ifaces([node], ["eth9"], local_job=False)
+    return f"ConfigError: {info.value}"
+
+
+# How to make each error whose text the documentation quotes, by its first words.
+QUOTED_ERRORS = {
+    "HorovodRayError: Ray is not initialised": _ray_not_initialised,
+    "ConfigError: nics=": _nics_no_node_has,
+}
+
+
+def test_the_error_texts_the_docs_quote_are_the_real_ones():
+    """Each ``SomeError: text`` the docs quote is what the library raises; "..." stands
+    for text left out (a value, or the rest of the message)."""
+    quoted = [
+        (path.name, text)
+        for path in DOC_FILES
+        for text in re.findall(r"``(\w+Error: [^`]+)``", path.read_text())
+    ]
+    assert quoted, "the docs quote no error text"
+    for page, text in quoted:
+        maker = next((m for first, m in QUOTED_ERRORS.items() if text.startswith(first)), None)
+        assert maker is not None, f"{page} quotes {text!r}: add how to make it to QUOTED_ERRORS"
+        real, position = maker(), 0
+        for part in (p.strip() for p in re.split(r"\.\.\.", text) if p.strip()):
+            found = real.find(part, position)
+            assert found >= 0, f"{page} quotes {text!r}; the real text is {real!r}"
+            position = found + len(part)

@@ -13,7 +13,7 @@ call to every rank costs mostly in what each actor call carries. So:
   another thread, carries them again, so no rank is ever sent a key it has not learned.
 * A call that repeats the call just before it (same function, same arguments, completed
   on every rank, nothing in between) goes with no argument at all: each rank runs that
-  call again as the next call id.
+  call again, by its id, as the next call id.
 * Every call, repeats included, runs a fresh copy of the function, unpickled from its
   bytes: what a closure, a mutable default or a callable object changed during one call
   is not seen by the next, as with horovod.ray. An ``executable_cls`` instance is made
@@ -36,6 +36,10 @@ FN_CACHE_SIZE = 256
 FN_CACHE_BYTES = 64 << 20
 # A payload larger than this goes to the object store once rather than once per rank.
 PUT_ABOVE_BYTES = 100 << 10
+# Recent calls a rank keeps for a repeat (by count, and by the bytes of their payloads):
+# a repeat names the call it repeats, which calls from other threads may have followed.
+RECENT_CALLS = 64
+RECENT_BYTES = 64 << 20
 
 
 # ----------------------------------------------------------------------- checking input
@@ -206,16 +210,19 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
 
 
 class RankCalls:
-    """A rank's half: the pickled functions it keeps, and its latest call, to run again.
+    """A rank's half: the pickled functions it keeps, and its recent calls, to run again.
 
     Functions are kept as bytes and unpickled for every call, so that no call sees what
-    an earlier one did to the function's own state.
+    an earlier one did to the function's own state. Recent calls are kept by id, not as
+    "the last one": calls from several of the driver's threads may reach a rank in
+    another order than their ids, so a repeat of call N-1 may arrive after call N+2.
     """
 
     def __init__(self) -> None:
         self._functions: dict[int, bytes] = {}
-        # (function bytes, args payload, call id) of the call with the highest id so far.
-        self._latest: tuple[bytes, bytes | None, int] | None = None
+        # call id -> (function bytes, args payload), oldest first; bounded below.
+        self._recent: dict[int, tuple[bytes, bytes | None]] = {}
+        self._recent_bytes = 0
 
     def resolve(
         self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None
@@ -226,27 +233,35 @@ class RankCalls:
             fn = self._functions[key]
         elif key is not None:
             self._functions[key] = fn
-        if self._latest is None or call_id > self._latest[2]:
-            self._latest = (fn, args, call_id)
+        self._remember(call_id, fn, args)
         return cloudpickle.loads(fn), args
 
     def repeat(self, call_id: int) -> tuple[Callable[..., Any], bytes | None]:
         """A fresh copy of call ``call_id - 1``'s function and its args, for ``call_id``.
 
-        The driver repeats only the call just before, once it returned on every rank, so
-        it is the latest this rank has seen (calls from several threads may run in
-        another order than their ids, hence the latest by id, not the last run).
-
         Raises:
-            RuntimeError: This rank's latest call is not ``call_id - 1``.
+            RuntimeError: This rank no longer holds call ``call_id - 1`` (more than
+                ``RECENT_CALLS`` calls came in between: that many in flight at once).
         """
-        latest = self._latest
-        if latest is None or latest[2] != call_id - 1:
-            seen = "none" if latest is None else latest[2]
-            raise RuntimeError(f"call {call_id} repeats call {call_id - 1}; latest here: {seen}")
-        fn, args, _ = latest
-        self._latest = (fn, args, call_id)
+        repeated = self._recent.get(call_id - 1)
+        if repeated is None:
+            raise RuntimeError(
+                f"call {call_id} repeats call {call_id - 1}, which this rank no longer holds "
+                f"(it keeps its last {RECENT_CALLS} calls)"
+            )
+        self._remember(call_id, *repeated)
+        fn, args = repeated
         return cloudpickle.loads(fn), args
+
+    def _remember(self, call_id: int, fn: bytes, args: bytes | None) -> None:
+        self._recent[call_id] = (fn, args)
+        self._recent_bytes += len(fn) + len(args or b"")
+        while len(self._recent) > RECENT_CALLS or (
+            self._recent_bytes > RECENT_BYTES and len(self._recent) > 1
+        ):
+            oldest = min(self._recent)
+            fn, args = self._recent.pop(oldest)
+            self._recent_bytes -= len(fn) + len(args or b"")
 
 
 def invoke(function: Callable[..., Any], args: bytes | None, executable: Any) -> Any:

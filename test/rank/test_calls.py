@@ -116,14 +116,35 @@ def test_the_rank_repeats_its_latest_call_with_fresh_arguments():
         assert invoke(function, args, None) == 1  # the list is unpickled anew each time
 
 
-def test_a_repeat_takes_the_latest_call_by_id_even_when_calls_ran_out_of_order():
+def test_a_repeat_finds_its_call_by_id_whatever_ran_after_it():
+    """Seen with four threads calling one job: the repeat of call 19 reached a rank after
+    calls 20 to 23 of other threads had run there ("latest here: 23")."""
     rank = RankCalls()
-    rank.resolve(2, None, prepare(add, [2]).fn, prepare(add, [2]).args)
-    rank.resolve(1, None, prepare(add, [1]).fn, prepare(add, [1]).args)  # ran late
-    function, args = rank.repeat(3)
-    assert invoke(function, args, None) == 2
-    with pytest.raises(RuntimeError, match="call 5 repeats call 4; latest here: 3"):
-        rank.repeat(5)
+    for call_id, value in ((2, 2), (4, 4), (3, 3), (1, 1)):  # in another order than ids
+        call = prepare(add, [value])
+        rank.resolve(call_id, None, call.fn, call.args)
+    function, args = rank.repeat(4)  # call 3, which ran third of four
+    assert invoke(function, args, None) == 3
+
+
+def test_a_rank_keeps_its_recent_calls_within_their_bounds(monkeypatch):
+    from horovod_ray.rank import calls
+
+    rank = RankCalls()
+    for call_id in range(1, calls.RECENT_CALLS + 2):
+        call = prepare(add, [call_id])
+        rank.resolve(call_id, None, call.fn, call.args)
+    assert invoke(*rank.repeat(calls.RECENT_CALLS + 2), None) == calls.RECENT_CALLS + 1
+    with pytest.raises(RuntimeError, match="call 2 repeats call 1, which this rank no longer"):
+        rank.repeat(2)  # the oldest was let go
+    big = prepare(add, [b"x" * 1000])
+    monkeypatch.setattr(calls, "RECENT_BYTES", 2500)
+    rank = RankCalls()
+    for call_id in (1, 2, 3):
+        rank.resolve(call_id, None, big.fn, big.args)
+    with pytest.raises(RuntimeError):
+        rank.repeat(2)  # past the bytes, only the newest two stay
+    assert rank.repeat(4)[1] == big.args
 
 
 def test_the_cache_is_bounded_by_count_and_by_bytes():

@@ -343,9 +343,10 @@ class RayExecutor:
             if interrupt is not None:
                 raise interrupt from None
             if not moved and not isinstance(err, ExecutorStateError):
+                first_line = str(err).splitlines()[0] if str(err) else ""
                 raise ExecutorStateError(
                     f"{action} was ended because the job was stopped while it ran (by stop() "
-                    f"or another call's failure): {type(err).__name__}"
+                    f"or another call's failure): {type(err).__name__}: {first_line}"
                 ) from err
             raise
         finally:

@@ -355,8 +355,6 @@ def test_a_slot_that_is_let_go_ends_its_wait_while_its_rank_logs(cluster):
 
 def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     """stop() from another thread ends run() (training, or waiting for room) at once."""
-    from horovod_ray.errors import HorovodRayError
-
     baseline = threading.active_count()
     training = RayExecutor(min_workers=2, max_workers=4)
     training.start()
@@ -364,7 +362,7 @@ def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
     training.stop()
     run.thread.join(60)
-    assert isinstance(run.outcome.get("error"), HorovodRayError), run.outcome
+    assert isinstance(run.outcome.get("error"), ExecutorStateError), run.outcome
     assert "ended by stop()" in str(run.outcome["error"])
 
     waiting = RayExecutor(min_workers=7, max_workers=8)  # the cluster holds 6

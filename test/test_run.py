@@ -138,12 +138,12 @@ def test_a_spent_restart_budget_lists_every_attempt(ray_4cpu, no_leaks):
 
 BAD_RUN_CALLS = [
     ("run('not callable', num_slots=1)", "train_fn"),
-    ("run(len, num_slots=0)", "num_workers_per_host"),
+    ("run(len, num_slots=0)", "num_slots"),
     ("run(len, num_hosts=0)", "num_hosts"),
-    ("run(len, cpus_per_slot=-1)", "cpus_per_worker"),
+    ("run(len, cpus_per_slot=-1)", "cpus_per_slot"),
     ("run(len, timeout_s=0)", "timeout_s"),
     ("run(len, nics=5)", "nics"),
-    ("run(len, env={'A': [1]})", "extra_env_vars"),
+    ("run(len, env={'A': [1]})", "env"),
     ("run(len, args=5)", "args"),
     ("run(len, kwargs=[1])", "kwargs"),
     ("run(len, callbacks=3)", "callbacks"),

@@ -427,7 +427,8 @@ def test_horovodruns_gloo_flag_is_taken_and_no_flag_is_abbreviated(capsys):
     """``horovod-ray run --gloo -np 2 python train.py``, horovodrun's documented command
     with the binary renamed, once exited 2: argparse read --gloo as an abbreviation of
     --gloo-timeout-seconds."""
-    from horovod_ray.cli.parser import build_parser, main
+    from horovod_ray.cli.main import main
+    from horovod_ray.cli.parser import build_parser
 
     args = build_parser().parse_args(["run", "--gloo", "-np", "2", "python", "train.py"])
     assert (args.use_gloo, args.num_proc, args.command) == (True, 2, ["python", "train.py"])

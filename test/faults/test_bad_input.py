@@ -103,9 +103,9 @@ CASES = {
         "args",
     ),
     "execute_single not callable": (lambda: _started_call("execute_single", None), "fn"),
-    "run() zero slots": (lambda: horovod_ray.run(len, num_slots=0), "num_workers_per_host"),
+    "run() zero slots": (lambda: horovod_ray.run(len, num_slots=0), "num_slots"),
     "run() negative timeout": (lambda: horovod_ray.run(len, timeout_s=-1), "timeout_s"),
-    "run() env list": (lambda: horovod_ray.run(len, env=["A=1"]), "extra_env_vars"),
+    "run() env list": (lambda: horovod_ray.run(len, env=["A=1"]), "env"),
     "run() unpicklable kwargs": (
         lambda: horovod_ray.run(len, kwargs={"lock": _LOCK}),
         "args",

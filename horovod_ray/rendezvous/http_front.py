@@ -41,7 +41,7 @@ BACKLOG = socket.SOMAXCONN
 REQUEST_READ_S = 10.0
 # Longest a client may take to send its head: a few hundred bytes that horovod's client
 # writes at once. Until the secret in it is checked, a connection holds no more than this.
-HEAD_READ_S = 5.0
+HEAD_READ_S = 10.0
 # The request head's limit. Nothing is read past it before the secret is checked: a
 # connection's reader pauses its socket once it holds twice this, so a flood of
 # megabyte heads costs each connection tens of kB for an instant (431), not megabytes

@@ -170,10 +170,7 @@ class HttpFront:
         try:
             writer.write(_ANSWER % (403, b"Forbidden", 0))
             writer.write_eof()
-            drained = 0
-            async with asyncio.timeout(STRANGER_READ_S):
-                while drained < STRANGER_DRAIN_BYTES and (data := await reader.read(4096)):
-                    drained += len(data)
+            await asyncio.wait_for(_drain(reader, STRANGER_DRAIN_BYTES), STRANGER_READ_S)
         except (TimeoutError, OSError, RuntimeError):
             pass
         except asyncio.CancelledError:
@@ -187,8 +184,9 @@ class HttpFront:
         method, scope, key = "", "", ""
         try:
             try:
-                async with asyncio.timeout(REQUEST_READ_S):
-                    method, scope, key, body = await self._read(reader, source)
+                method, scope, key, body = await asyncio.wait_for(
+                    self._read(reader, source), REQUEST_READ_S
+                )
                 status, answer = await self._answer(method, scope, key, body)
             except _RefusedError as refused:
                 status, answer = refused.status, b""
@@ -234,8 +232,7 @@ class HttpFront:
 
     async def _read(self, reader: asyncio.StreamReader, source: str) -> tuple:
         try:
-            async with asyncio.timeout(HEAD_READ_S):
-                head = await reader.readuntil(b"\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_READ_S)
         except asyncio.LimitOverrunError as err:
             self.refusals.note(source, "a request head over the limit")
             raise _RefusedError(431) from err
@@ -312,6 +309,13 @@ class HttpFront:
             except ValueError as err:
                 raise _RefusedError(400) from err
         return 200, pack_fields(found)
+
+
+async def _drain(reader: asyncio.StreamReader, most: int) -> None:
+    """Reads and drops what a client sent, up to ``most`` bytes or its end."""
+    drained = 0
+    while drained < most and (data := await reader.read(4096)):
+        drained += len(data)
 
 
 async def _in_thread(call: Callable[..., Any], *args: Any) -> Any:

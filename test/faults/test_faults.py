@@ -183,7 +183,10 @@ def test_keyboard_interrupt_in_the_driver_releases_everything(local_ray):
         horovod_ray.run(
             allreduce_loop,
             num_slots=2,
-            timeout_s=GLOO_TIMEOUT_S,
+            # Well inside this test's own timeout: ranks that never reach their training
+            # loop (a rendezvous that does not complete) fail the call with their stacks,
+            # rather than holding it until pytest's timeout hides where they were.
+            timeout_s=60,
             callbacks=[interrupt_once_training],
         )
         time.sleep(30)  # only reached if run() returned; the interrupt then lands here

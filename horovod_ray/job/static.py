@@ -309,9 +309,7 @@ class StaticJob:
         nothing of this call: it is released and raises at once.
         """
         if not failing():
-            self.stop(grace_s=0)
-            for ref in refs:
-                probe.error_of(ref)
+            self._release_failed(refs)
             raise HorovodRayError("the job was stopped while the call ran")
         timeout_s = self._settings.timeout_s
         stopped = _settle_if_collectives_stopped(refs)
@@ -328,11 +326,15 @@ class StaticJob:
         error = self._hang_error(snapshot) if stopped and not lost else None
         if error is None:
             error = attribution.error_for(attribution.attribute(snapshot), timeout_s)
+        self._release_failed(refs)
+        raise error from first
+
+    def _release_failed(self, refs: list[ray.ObjectRef]) -> None:
+        """Releases the job at once, then reads every rank's outcome of the failed call,
+        so that Ray does not log the rest as unhandled errors."""
         self.stop(grace_s=0)
         for ref in refs:
-            # Read every outcome, so Ray does not log the rest as unhandled errors.
             probe.error_of(ref)
-        raise error from first
 
     def _hang_error(self, snapshot: attribution.Snapshot) -> HangError | None:
         """The HangError, if horovod shut the job down for a stall or every rank waited

@@ -3,16 +3,19 @@ PYTHON ?= python3.11
 # The TensorFlow line: 2.21 (the default: today's TensorFlow, Keras 3) or 2.15 (the 2023 line,
 # Keras 2). Each line has its own constraints and its own environment, so both can stand side by side.
 TF ?= 2.21
+# The default line also has PyTorch (horovod.torch); the 2023 line is TensorFlow only.
 ifeq ($(TF),2.21)
 VENV := .venv
 CONSTRAINTS := constraints.txt
-TF_PACKAGES := tensorflow-cpu keras
-TF_EXTRA := tensorflow,docs
+TF_PACKAGES := tensorflow-cpu keras torch
+TF_EXTRA := tensorflow,torch,docs
+HOROVOD_TORCH := HOROVOD_WITH_PYTORCH=1
 else ifeq ($(TF),2.15)
 VENV := .venv-tf2.15
 CONSTRAINTS := constraints-tf2.15.txt
 TF_PACKAGES := tensorflow-cpu
 TF_EXTRA := tensorflow-2023
+HOROVOD_TORCH := HOROVOD_WITHOUT_PYTORCH=1
 else
 $(error TF=$(TF) is not a supported TensorFlow line: use TF=2.21 (the default, Keras 3) or TF=2.15 (Keras 2))
 endif
@@ -22,15 +25,24 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 HOROVOD_STAMP := $(VENV)/.horovod
 HOROVOD_VERSION := 0.28.1
-HOROVOD_BUILD := build/tf$(TF)
-HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
-HOROVOD_BUILD_ENV := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 \
-	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j$(shell nproc)
+HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 $(HOROVOD_TORCH) \
+	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1
+# horovod is compiled once for each set of what goes into it (its patches, the frameworks
+# pinned, the flags, Python, the compiler), in a folder named by a hash of those, kept
+# outside the checkout like pip's cache: a clean clone or a second line's rebuild of the
+# environment reinstalls the wheel in seconds. build/tf$(TF) links to it (tests compile
+# against its Gloo). The folder is complete once it holds wheel/; `make clean-cache` empties it.
+HOROVOD_CACHE ?= $(HOME)/.cache/horovod_ray
+HOROVOD_KEY := $(shell (cat $(HOROVOD_PATCHES); grep -E '^(tensorflow-cpu|torch|horovod)==' \
+	$(CONSTRAINTS); echo '$(HOROVOD_FLAGS)'; $(PYTHON) --version; c++ --version | head -1) \
+	| sha256sum | cut -c1-16)
+HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-tf$(TF)-$(HOROVOD_KEY)
+HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: install test test-suite test-2023 test-subset test-bench demo docs lint bench bench-quick \
-	bench-lines native clean
+.PHONY: install horovod-wheel test test-suite test-2023 test-subset test-bench demo docs lint \
+	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
 	@$(PY) -m horovod_ray.stack.check_install --require-fix
@@ -43,16 +55,28 @@ $(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(TF_PACKAGES) "ray[default,tune]" numpy \
 		protobuf pandas pyarrow
 	# horovod's source release, with this repo's fixes applied (see patches/), compiled
-	# against the TensorFlow installed above, so no build isolation.
-	rm -rf $(HOROVOD_BUILD)
-	$(PIP) download --quiet --no-deps --no-binary horovod -d $(HOROVOD_BUILD) \
-		horovod==$(HOROVOD_VERSION)
-	tar -xzf $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION).tar.gz -C $(HOROVOD_BUILD)
-	for p in $(HOROVOD_PATCHES); do git apply --directory=$(HOROVOD_SRC) $$p || exit 1; done
-	$(HOROVOD_BUILD_ENV) $(PIP) install --quiet --no-build-isolation --no-cache-dir \
-		--force-reinstall --no-deps ./$(HOROVOD_SRC)
+	# against the frameworks installed above, so no build isolation; one build at a time.
+	mkdir -p $(HOROVOD_CACHE)
+	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) horovod-wheel
+	$(PIP) install --quiet --force-reinstall --no-deps $(HOROVOD_BUILD)/wheel/horovod-*.whl
 	$(PIP) install --quiet -c $(CONSTRAINTS) horovod==$(HOROVOD_VERSION)
+	mkdir -p build && ln -sfn $(HOROVOD_BUILD) build/tf$(TF)
 	touch $(HOROVOD_STAMP)
+
+# Compiles horovod into $(HOROVOD_BUILD)/wheel unless an earlier build left it there.
+horovod-wheel:
+	if [ -d $(HOROVOD_BUILD)/wheel ]; then \
+		echo "horovod: reusing the wheel in $(HOROVOD_BUILD)"; \
+	else \
+		rm -rf $(HOROVOD_BUILD) && \
+		$(PIP) download --quiet --no-deps --no-binary horovod -d $(HOROVOD_BUILD) \
+			horovod==$(HOROVOD_VERSION) && \
+		tar -xzf $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION).tar.gz -C $(HOROVOD_BUILD) && \
+		for p in $(HOROVOD_PATCHES); do git -C $(HOROVOD_SRC) apply $(CURDIR)/$$p || exit 1; done && \
+		$(HOROVOD_FLAGS) MAKEFLAGS=-j$(shell nproc) $(PIP) wheel --quiet --no-build-isolation \
+			--no-cache-dir --no-deps -w $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_SRC) && \
+		mv $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_BUILD)/wheel; \
+	fi
 
 $(STAMP): $(HOROVOD_STAMP) setup.py
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(TF_EXTRA),tune,test,examples,bench]'
@@ -125,3 +149,7 @@ bench-lines: native
 
 clean:
 	rm -rf .venv .venv-tf2.15 build *.egg-info .pytest_cache
+
+# The horovod builds that `make install` keeps for reuse (see HOROVOD_CACHE).
+clean-cache:
+	rm -rf $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-*

@@ -52,9 +52,11 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 9
+    assert len(PYTHON) == 11
     for marker in (
-        "horovod_ray.run(allreduce_ranks",
+        "num_slots=2, callbacks=[print]",
+        "torch.tensor(float(hvd.rank()))",
+        "hvd.broadcast_optimizer_state(optimizer",
         "max_restarts=2",
         "RayExecutor(settings",
         "DistributedTrainableCreator(train",
@@ -70,8 +72,16 @@ def test_the_docs_have_the_snippets_this_test_runs():
 
 
 def test_quickstart_run_snippet():
-    out = _run_python(_block("horovod_ray.run(allreduce_ranks"))
+    out = _run_python(_block("num_slots=2, callbacks=[print]"))
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
+
+
+def test_quickstart_torch_snippet():
+    _run_python(_block("torch.tensor(float(hvd.rank()))"))  # its assert: 0 + 1 on both ranks
+
+
+def test_pytorch_page_snippet():
+    _run_python(_block("hvd.broadcast_optimizer_state(optimizer"))  # its assert: in step
 
 
 def test_restarts_snippet():
@@ -131,10 +141,9 @@ def test_tune_example_command_prints_the_best_config():
     assert float(best.group(2)) == pytest.approx(min(float(row[2]) for row in rows), abs=1e-4)
 
 
-def test_example_command_reaches_the_accuracy():
-    line = next(
-        text for text in DOCS.splitlines() if "examples/tensorflow2_digits.py --num" in text
-    )
+@pytest.mark.parametrize("example", ["tensorflow2_digits.py", "pytorch_digits.py"])
+def test_example_command_reaches_the_accuracy(example):
+    line = next(text for text in DOCS.splitlines() if f"examples/{example} --num" in text)
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable

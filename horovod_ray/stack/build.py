@@ -25,6 +25,11 @@ INSTALL_HINT = (
     "--no-cache-dir ./horovod-0.28.1"
 )
 
+TORCH_HINT = (
+    "rebuild horovod with HOROVOD_WITH_PYTORCH=1 against the installed PyTorch "
+    "(`make install` in a horovod_ray checkout does; docs/install.rst shows the commands)"
+)
+
 # Only a build with HAVE_GLOO compiles horovod's Gloo controller into the extension.
 _GLOO_MARKER = b"GlooController"
 # A string that only a horovod built with patches/horovod-*-gloo-process-set-iface.patch

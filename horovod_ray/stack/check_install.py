@@ -1,12 +1,14 @@
 """``python -m horovod_ray.stack.check_install``: the post-install check of ``make install``.
 
 Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
-with TensorFlow and Gloo, exiting non-zero if not, and says whether it carries the Gloo
+with TensorFlow and Gloo, and with PyTorch where PyTorch is installed, exiting non-zero
+if not, and says whether it carries the Gloo
 interface fix and, on Keras 3, the Keras 3 port from ``patches/`` (a stock build still
 runs collectives, with the hostname caveat; ``--require-fix``, which ``make install``
 passes, makes the absence of either an error).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -14,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from horovod_ray.stack.build import (  # noqa: E402
     INSTALL_HINT,
+    TORCH_HINT,
     batched_rendezvous,
     gloo_iface_fixed,
     keras3_port,
@@ -36,6 +39,17 @@ def _full_check(require_fix: bool) -> int:
         return 1
     require_gloo()  # the executor's cheap check must agree
     print("horovod_ray: horovod has Gloo and TensorFlow")
+    if importlib.util.find_spec("torch") is None:
+        print("horovod_ray: PyTorch is not installed (horovod.torch needs it and a rebuild)")
+    elif extension_available("torch"):
+        print("horovod_ray: horovod has PyTorch (horovod.torch)")
+    else:
+        print(
+            "horovod_ray: PyTorch is installed but horovod lacks its extension, so "
+            f"horovod.torch fails; {TORCH_HINT}",
+            file=sys.stderr,
+        )
+        return 1
     if batched_rendezvous():
         print("horovod_ray: horovod has the batched rendezvous (a few requests per rank)")
     else:

@@ -1,0 +1,125 @@
+"""horovod.torch on today's PyTorch, on 2 real ranks of one job.
+
+Stock horovod 0.28.1 does not build against PyTorch 2.1 or later
+(patches/horovod-0.28.1-torch-cxx-standard.patch). Every rank trains on data of its own
+(test/torch_training.py); the results are compared with each other and with plain PyTorch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import horovod_ray
+from horovod_ray import RayExecutor
+from test import torch_training
+from test.conftest import run_fresh_python
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def executor(ray_4cpu):
+    with RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2) as executor:
+        yield executor
+
+
+def _same_on_every_rank(results: list[dict], key: str):
+    assert all(r[key] == results[0][key] for r in results), [r[key] for r in results]
+    return results[0][key]
+
+
+@pytest.mark.parametrize(
+    ("passes", "fp16", "compiled"),
+    [(1, False, False), (2, False, False), (1, True, False), (1, False, True)],
+    ids=["sgd", "two-passes", "fp16", "torch-compile"],
+)
+def test_distributed_optimizer_takes_plain_torchs_averaged_step(executor, passes, fp16, compiled):
+    results = executor.run(torch_training.optimizer_step, args=(passes, fp16, compiled))
+    start = _same_on_every_rank(results, "start")  # rank 0's broadcast weights
+    weights = _same_on_every_rank(results, "weights")
+    expected = results[0]["expected"]
+    assert weights != start
+    tolerance = 2e-3 if fp16 else 1e-5
+    assert weights == pytest.approx(expected, abs=tolerance)
+
+
+def test_adasum_on_a_gloo_cpu_build_is_an_error_naming_it(executor):
+    """Adasum on CPUs needs MPI (docs/pytorch.rst): the first step says so on every rank."""
+    said = executor.run(torch_training.adasum_step)
+    assert said == ["HorovodInternalError: No Adasum operation enabled"] * 2
+
+
+def test_the_loss_falls_and_the_ranks_agree(executor):
+    results = executor.run(torch_training.losses)
+    assert results[0] == results[1]
+    assert results[0][-1] < 0.1 * results[0][0]
+
+
+def test_collectives_and_their_in_place_and_async_forms(executor):
+    rank0, rank1 = executor.run(torch_training.collectives)
+    for out in (rank0, rank1):
+        assert out["allreduce_sum"] == [3.0] * 3
+        assert out["allreduce_average"] == [1.5] * 3
+        assert out["allreduce_"] == [3.0] * 3
+        assert out["allreduce_async_max"] == [2.0] * 3
+        assert out["allreduce_async_min"] == [1.0] * 3
+        assert out["grouped_allreduce"] == [[3.0] * 3, [30.0] * 3]
+        assert out["grouped_allreduce_"] == [[3.0] * 3, [30.0] * 3]
+        assert out["allgather"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+        assert out["allgather_async"] == out["allgather"]
+        assert out["broadcast"] == [2.0] * 3
+        assert out["broadcast_"] == [1.0] * 3
+        assert out["broadcast_async"] == [2.0] * 3
+        assert out["broadcast_object"] == {"from": 1}
+        assert out["allgather_object"] == [("rank", 0), ("rank", 1)]
+    assert rank0["alltoall"] == [0.0, 10.0]
+    assert rank1["alltoall"] == [1.0, 11.0]
+
+
+def test_join_lets_uneven_ranks_finish_through_run(ray_4cpu):
+    rank0, rank1 = horovod_ray.run(torch_training.uneven_then_join, num_slots=2, timeout_s=60)
+    assert rank0["sums"] == [3.0]
+    assert rank1["sums"] == [3.0, 2.0]  # rank 0 had joined: its share is zero
+    assert rank0["join"] == rank1["join"] == 1  # rank 1 joined last
+    assert rank0["after"] == rank1["after"] == 2.0
+
+
+def test_sync_batch_norm_on_cpu_is_a_clear_error(executor):
+    """horovod's SyncBatchNorm is GPU-only (docs/pytorch.rst): on CPU it says so at once,
+    on every rank, instead of failing inside PyTorch's kernels."""
+    assert (
+        executor.run(torch_training.sync_batch_norm)
+        == ["ValueError: SyncBatchNorm expected input tensor to be on GPU"] * 2
+    )
+
+
+def _both_frameworks() -> list:
+    """Rank 0 imports horovod.torch first, rank 1 horovod.tensorflow first; both then use
+    each framework."""
+    import os
+
+    if os.environ["HOROVOD_RANK"] == "0":
+        import horovod.torch as hvd  # noqa: I001 (the order is the test)
+        import horovod.tensorflow as hvd_tf
+    else:
+        import horovod.tensorflow as hvd_tf
+        import horovod.torch as hvd
+    import tensorflow as tf
+    import torch
+
+    hvd.init()
+    total = float(hvd.allreduce(torch.tensor(1.0), op=hvd.Sum))
+    return [total, float(tf.reduce_sum(tf.ones(2))), hvd_tf.__name__]
+
+
+def test_tensorflow_and_torch_import_in_either_order_beside_each_other(executor):
+    assert executor.run(_both_frameworks) == [[2.0, 2.0, "horovod.tensorflow"]] * 2
+
+
+@pytest.mark.unit
+def test_horovod_was_built_with_torch_and_gloo():
+    # In a fresh interpreter: horovod.torch loads its extension or raises.
+    out = run_fresh_python(
+        "import horovod.torch as hvd\nprint(hvd.gloo_built(), hvd.mpi_built())\n", timeout_s=120
+    )
+    assert out.split() == ["True", "False"]

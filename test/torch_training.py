@@ -1,0 +1,204 @@
+"""horovod.torch on every rank, for test_torch.py.
+
+Every rank trains a linear model on data of its own (``_data(rank)``). Each function
+returns plain numbers, and the test compares the ranks with each other and with what
+plain PyTorch computes from every rank's data.
+"""
+
+from __future__ import annotations
+
+FEATURES = 4
+
+
+def _data(rank: int, rows: int = 64):
+    """Rank ``rank``'s data: the same linear target, seen through different samples."""
+    import torch
+
+    generator = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(rows, FEATURES, generator=generator)
+    y = x @ torch.tensor([1.0, -2.0, 3.0, 0.5]) + 0.3 * rank
+    return x, y[:, None]
+
+
+def _model(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Linear(FEATURES, 1)
+
+
+def _flat(model) -> list[float]:
+    import torch
+
+    return torch.cat([p.detach().ravel() for p in model.parameters()]).tolist()
+
+
+def _summed_gradients(model, x, y, passes: int) -> list:
+    """Plain PyTorch: the mean-squared-error gradients of ``model`` summed over ``passes``
+    equal batches of ``x``."""
+    import torch
+
+    model.zero_grad()
+    for xb, yb in zip(x.chunk(passes), y.chunk(passes), strict=True):
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def optimizer_step(passes: int = 1, fp16: bool = False, compiled: bool = False) -> dict:
+    """One SGD step of ``hvd.DistributedOptimizer`` (``passes`` backward passes per step)
+    from rank 0's broadcast weights; returns the weights and what plain PyTorch expects:
+    the step along the gradients summed over the passes, averaged over the ranks."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    model = _model(seed=hvd.rank())  # different on every rank until the broadcast
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = _flat(model)
+    # The expectation, from every rank's data on a copy of the broadcast model.
+    reference = _model(seed=0)
+    reference.load_state_dict(model.state_dict())
+    ranks = [_summed_gradients(reference, *_data(r), passes) for r in range(hvd.size())]
+    expected = [
+        p.detach() - 0.1 * torch.stack([g[i] for g in ranks]).mean(dim=0)
+        for i, p in enumerate(reference.parameters())
+    ]
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=passes,
+        compression=hvd.Compression.fp16 if fp16 else hvd.Compression.none,
+    )
+    forward = torch.compile(model) if compiled else model
+    x, y = _data(hvd.rank())
+    optimizer.zero_grad()
+    for xb, yb in zip(x.chunk(passes), y.chunk(passes), strict=True):
+        torch.nn.functional.mse_loss(forward(xb), yb).backward()
+    optimizer.step()
+    return {
+        "start": start,
+        "weights": _flat(model),
+        "expected": torch.cat([e.ravel() for e in expected]).tolist(),
+    }
+
+
+def adasum_step() -> str:
+    """``op=hvd.Adasum`` on a CPU build with Gloo: what a step says."""
+    import horovod.torch as hvd
+    import torch
+    from horovod.common.exceptions import HorovodInternalError
+
+    hvd.init()
+    model = _model(seed=0)
+    try:
+        optimizer = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            named_parameters=model.named_parameters(),
+            op=hvd.Adasum,
+        )
+        x, y = _data(hvd.rank())
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    except HorovodInternalError as error:  # the test wants the error itself
+        return f"{type(error).__name__}: {error}"
+    return "stepped"
+
+
+def losses(epochs: int = 30) -> list[float]:
+    """Training to convergence with the averaged gradients: the loss of each epoch."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    model = _model(seed=hvd.rank())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    x, y = _data(hvd.rank())
+    history = []
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        history.append(float(hvd.allreduce(loss.detach())))
+    return history
+
+
+def collectives() -> dict:
+    """horovod.torch's collectives, each in its plain, in-place and async forms where it
+    has them; every value a plain number the test can check."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    mine = torch.full((3,), float(rank + 1))
+    out: dict = {}
+    out["allreduce_sum"] = hvd.allreduce(mine, op=hvd.Sum).tolist()
+    out["allreduce_average"] = hvd.allreduce(mine).tolist()
+    inplace = mine.clone()
+    hvd.allreduce_(inplace, op=hvd.Sum)
+    out["allreduce_"] = inplace.tolist()
+    handle = hvd.allreduce_async(mine, op=hvd.Max)
+    out["allreduce_async_max"] = hvd.synchronize(handle).tolist()
+    inplace = mine.clone()
+    hvd.synchronize(hvd.allreduce_async_(inplace, op=hvd.Min))
+    out["allreduce_async_min"] = inplace.tolist()
+    out["grouped_allreduce"] = [
+        t.tolist() for t in hvd.grouped_allreduce([mine, mine * 10], op=hvd.Sum)
+    ]
+    group = [mine.clone(), mine.clone() * 10]
+    hvd.grouped_allreduce_(group, op=hvd.Sum)
+    out["grouped_allreduce_"] = [t.tolist() for t in group]
+    # Rank r gives r + 1 rows: allgather takes tensors of different first dimensions.
+    rows = torch.full((rank + 1, 2), float(rank))
+    out["allgather"] = hvd.allgather(rows).tolist()
+    out["allgather_async"] = hvd.synchronize(hvd.allgather_async(rows)).tolist()
+    out["broadcast"] = hvd.broadcast(mine, root_rank=1).tolist()
+    inplace = mine.clone()
+    hvd.broadcast_(inplace, root_rank=0)
+    out["broadcast_"] = inplace.tolist()
+    out["broadcast_async"] = hvd.synchronize(hvd.broadcast_async(mine, root_rank=1)).tolist()
+    # alltoall: rank r sends 10 * r + d to rank d.
+    sent = torch.tensor([float(10 * rank + d) for d in range(size)])
+    received = hvd.alltoall(sent, splits=torch.ones(size, dtype=torch.int32))
+    out["alltoall"] = (received[0] if isinstance(received, tuple) else received).tolist()
+    out["broadcast_object"] = hvd.broadcast_object({"from": rank}, root_rank=1)
+    out["allgather_object"] = hvd.allgather_object(("rank", rank))
+    return out
+
+
+def uneven_then_join() -> dict:
+    """Rank r runs r + 1 allreduces, then joins: a joined rank's share is zero, ``join``
+    returns the last rank to join, and named collectives go on afterwards. (Unnamed ones
+    would not: horovod names them by a per-process count of operations, which the uneven
+    ranks no longer share.)"""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    rank = hvd.rank()
+    sums = [
+        hvd.allreduce(torch.tensor(float(rank + 1)), op=hvd.Sum, name=f"uneven.{step}").item()
+        for step in range(rank + 1)
+    ]
+    last = hvd.join()
+    after = hvd.allreduce(torch.tensor(1.0), op=hvd.Sum, name="after_join").item()
+    return {"sums": sums, "join": last, "after": after}
+
+
+def sync_batch_norm() -> str:
+    """``hvd.SyncBatchNorm`` on a CPU tensor: what its forward says (PyTorch has the
+    statistics kernels it needs, ``torch.batch_norm_stats``, on GPUs only)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    norm = hvd.SyncBatchNorm(2)
+    try:
+        norm(torch.ones(4, 2) * hvd.rank())
+    except ValueError as error:  # the test wants the error itself
+        return f"{type(error).__name__}: {error}"
+    return "normalised"

@@ -1,4 +1,5 @@
-"""A horovod elastic TensorFlow loop for the elastic tests: one commit per step.
+"""A horovod elastic loop for the elastic tests: one commit per step (``train`` on
+horovod.torch, ``train_keras`` on a Keras model in its own elastic state).
 
 Each step allreduces a one and records ``(step, size, sum)`` in the committed state, so
 the final history shows every step exactly once and the world size it ran at. Every rank
@@ -16,8 +17,8 @@ import horovod_ray
 
 
 def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     state = hvd.elastic.ObjectState(
@@ -25,9 +26,9 @@ def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
     )
 
     def step() -> float:
-        return float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+        return float(hvd.allreduce(torch.tensor(1.0), op=hvd.Sum))
 
-    return _loop(state, step, folder, pause_s, max_steps)
+    return _loop(hvd, state, step, folder, pause_s, max_steps)
 
 
 def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
@@ -49,12 +50,11 @@ def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> d
         model.train_on_batch(x, x.sum(axis=1, keepdims=True))
         return float(sum(np.sum(w) for w in model.get_weights()))
 
-    return _loop(state, step, folder, pause_s, max_steps)
+    return _loop(hvd, state, step, folder, pause_s, max_steps)
 
 
-def _loop(state, step, folder: str, pause_s: float, max_steps: int) -> dict:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict:
+    """The elastic loop, with ``hvd`` the framework's horovod module."""
 
     @hvd.elastic.run
     def loop(state):
@@ -63,7 +63,7 @@ def _loop(state, step, folder: str, pause_s: float, max_steps: int) -> dict:
             # Rebound, not appended in place: restore() must roll the list back too.
             state.history = [*state.history, (state.step, hvd.size(), value)]
             finish = os.path.exists(os.path.join(folder, "finish"))
-            finish = bool(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
+            finish = hvd.broadcast_object(finish, root_rank=0)
             state.step += 1
             state.commit()
             horovod_ray.log({"step": state.step, "size": hvd.size()})  # rank 0's reach us

@@ -39,18 +39,18 @@ def _tcp_connections() -> set[tuple]:
 class _HandMadeRank:
     def allreduce(self, env: dict) -> tuple[int, int, float]:
         os.environ.update(env)
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
-        total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)] * 3), op=hvd.Sum)
-        return hvd.rank(), hvd.size(), float(total.numpy()[0])
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)] * 3), op=hvd.Sum)
+        return hvd.rank(), hvd.size(), float(total[0])
 
     def connections(self) -> set[tuple]:
         return _tcp_connections()
 
     def shutdown(self) -> set[tuple]:
-        import horovod.tensorflow as hvd
+        import horovod.torch as hvd
 
         hvd.shutdown()
         return _tcp_connections()

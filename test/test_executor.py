@@ -1,4 +1,4 @@
-"""RayExecutor on a real local Ray with real Horovod + TensorFlow collectives."""
+"""RayExecutor on a real local Ray with real Horovod collectives (horovod.torch)."""
 
 from __future__ import annotations
 
@@ -539,14 +539,14 @@ def test_stopped_ranks_run_exit_handlers_and_skip_the_last_collections(
 
 def test_a_raising_rank_fails_the_call_and_stops_the_job(ray_4cpu, no_leaks):
     def train():
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
         if hvd.rank() == 1:
             raise ValueError("bad batch on rank 1")
         # Rank 0 would wait in this collective until the Gloo timeout.
-        return float(hvd.allreduce(tf.constant(1.0)))
+        return float(hvd.allreduce(torch.tensor(1.0)))
 
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2)
     executor.start()
@@ -703,7 +703,7 @@ def test_nics_take_the_first_interface_a_node_has(ray_4cpu, no_leaks):
 
 def _gpus_seen() -> tuple[str, list[str], int]:
     """A rank's CUDA_VISIBLE_DEVICES, the GPUs Ray gave it, and its local rank."""
-    import horovod.tensorflow as hvd
+    import horovod.torch as hvd
 
     hvd.init()
     return os.environ["CUDA_VISIBLE_DEVICES"], [str(g) for g in ray.get_gpu_ids()], hvd.local_rank()

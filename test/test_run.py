@@ -86,14 +86,14 @@ def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflo
 def _resumes_from_its_checkpoint(folder: str) -> tuple[int, int]:
     """Four steps, rank 0 checkpointing each; in the first attempt rank 1 dies after its
     second step. Returns (the attempt, the step it started from)."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     checkpoint = os.path.join(folder, "checkpoint")
     start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
     for step in range(start, 4):
-        hvd.allreduce(tf.constant(1.0))
+        hvd.allreduce(torch.tensor(1.0))
         if hvd.rank() == 0:
             with open(checkpoint + ".tmp", "w") as handle:
                 handle.write(str(step + 1))

@@ -34,11 +34,11 @@ def _server(requests: list) -> RendezvousServer:
 class _Rank:
     def init_and_allreduce(self, env: dict) -> float:
         os.environ.update(env)
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
-        total = float(hvd.allreduce(tf.constant(float(hvd.rank())), op=hvd.Sum))
+        total = float(hvd.allreduce(torch.tensor(float(hvd.rank())), op=hvd.Sum))
         hvd.shutdown()
         return total
 

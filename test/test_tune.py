@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _hvd():
-    import horovod.tensorflow as hvd
+    import horovod.torch as hvd
 
     hvd.init()
     return hvd
@@ -28,12 +28,12 @@ def _hvd():
 
 def report_ranks(config):
     """Three reports per rank; each rank says who it is, rank 0 also when it ran."""
-    import tensorflow as tf
+    import torch
 
     hvd = _hvd()
     started = time.time()
     for step in range(3):
-        total = float(hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum))
+        total = float(hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum))
         time.sleep(config.get("sleep_s", 0))
         tune.report(
             {
@@ -84,12 +84,12 @@ def test_rank_zero_metrics_and_two_trials_at_a_time_on_four_cpus(ray_4cpu, tmp_p
 
 
 def decreasing_loss(config):
-    import tensorflow as tf
+    import torch
 
     hvd = _hvd()
     for step in range(1, 7):
         loss = config["scale"] / step
-        loss = float(hvd.allreduce(tf.constant(loss)))  # the ranks agree on it
+        loss = float(hvd.allreduce(torch.tensor(loss)))  # the ranks agree on it
         tune.report({"loss": loss})
 
 
@@ -120,7 +120,7 @@ def checkpointed_sum(config):
     import json
     import tempfile
 
-    import tensorflow as tf
+    import torch
 
     hvd = _hvd()
     state, start = 0.0, 0
@@ -131,11 +131,11 @@ def checkpointed_sum(config):
                 saved = json.load(handle)
         state, start = saved["state"], saved["step"]
     # Every rank says which step it resumed from; rank 0 reports them all.
-    resumed = hvd.allgather(tf.constant([start])).numpy().tolist()
+    resumed = hvd.allgather(torch.tensor([start])).numpy().tolist()
     for step in range(start, config["steps"]):
         if config.get("die_once") and checkpoint is None and step == 3 and hvd.rank() == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # die once, on the first attempt
-        state += float(hvd.allreduce(tf.constant(float(hvd.rank() + step)), op=hvd.Sum))
+        state += float(hvd.allreduce(torch.tensor(float(hvd.rank() + step)), op=hvd.Sum))
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "state.json"), "w") as handle:
                 json.dump({"state": state, "step": step + 1}, handle)
@@ -256,10 +256,10 @@ def test_pbt_exploits_restore_checkpoints_on_every_rank(ray_4cpu, tmp_path):
 
 def rank_pids(config):
     """One report: every rank's pid, and an allreduce of the trial's x."""
-    import tensorflow as tf
+    import torch
 
     hvd = _hvd()
-    total = float(hvd.allreduce(tf.constant(float(config["x"])), op=hvd.Sum))
+    total = float(hvd.allreduce(torch.tensor(float(config["x"])), op=hvd.Sum))
     pids = hvd.allgather_object(os.getpid())
     tune.report({"pids": ",".join(map(str, pids)), "sum": total})
     if config.get("shutdown"):

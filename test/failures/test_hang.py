@@ -15,14 +15,14 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _one_rank_sleeps(late: int) -> float:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
-    hvd.allreduce(tf.constant(1.0), name="warm_up")
+    hvd.allreduce(torch.tensor(1.0), name="warm_up")
     if hvd.rank() == late:
         time.sleep(600)  # the late rank's line
-    return float(hvd.allreduce(tf.constant(1.0), name="step"))
+    return float(hvd.allreduce(torch.tensor(1.0), name="step"))
 
 
 def test_a_rank_that_never_joins_a_collective_is_named_with_its_stack(ray_4cpu, no_leaks):
@@ -56,14 +56,14 @@ def test_run_names_the_hang_too(ray_4cpu, no_leaks):
 
 
 def _mismatched() -> None:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     if hvd.rank() == 0:
-        hvd.allreduce(tf.constant(1.0))
+        hvd.allreduce(torch.tensor(1.0))
     else:
-        hvd.broadcast(tf.constant(1.0), root_rank=0)
+        hvd.broadcast(torch.tensor(1.0), root_rank=0)
 
 
 def test_ranks_in_different_collectives_are_named_too(ray_4cpu, no_leaks):

@@ -73,8 +73,8 @@ def local_ray():
 
 
 def allreduce_loop(die_rank=None, die_step=None, raise_rank=None, marker=None):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     for step in range(100_000):
@@ -82,7 +82,7 @@ def allreduce_loop(die_rank=None, die_step=None, raise_rank=None, marker=None):
             os.kill(os.getpid(), signal.SIGKILL)
         if step == die_step and hvd.rank() == raise_rank:
             raise ArithmeticError(f"rank {hvd.rank()} diverged at step {step}")
-        hvd.allreduce(tf.ones(10_000))
+        hvd.allreduce(torch.ones(10_000))
         if step == 5:
             log({"step": step})
     return "never"
@@ -130,7 +130,7 @@ def test_a_rank_that_never_joins_the_rendezvous(local_ray):
     def train():
         if os.environ["HOROVOD_RANK"] == "1":
             time.sleep(3600)  # never reaches hvd.init()
-        import horovod.tensorflow as hvd
+        import horovod.torch as hvd
 
         hvd.init()
 
@@ -209,13 +209,13 @@ def test_twenty_start_stop_cycles_do_not_grow_anything(local_ray):
 
 def abort_rank_zero_on_a_lost_peer():
     """Loops allreduces; rank 0 ends its process when a collective fails, as horovod may."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     for step in range(100_000):
         try:
-            hvd.allreduce(tf.ones(10_000))
+            hvd.allreduce(torch.ones(10_000))
         except Exception:
             if hvd.rank() == 0:
                 os._exit(1)

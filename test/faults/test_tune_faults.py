@@ -17,12 +17,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def killed_mid_allreduce(config):
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
     for step in range(1000):
-        hvd.allreduce(tf.ones(1000))
+        hvd.allreduce(torch.ones(1000))
         if step == 10 and hvd.rank() == config["victim"]:
             os.kill(os.getpid(), signal.SIGKILL)
         if step % 5 == 0:
@@ -32,7 +32,7 @@ def killed_mid_allreduce(config):
 def never_joins(config):
     if os.environ["HOROVOD_RANK"] == "1":
         time.sleep(3600)
-    import horovod.tensorflow as hvd
+    import horovod.torch as hvd
 
     hvd.init()
     tune.report({"joined": 1})

@@ -201,14 +201,14 @@ def node_lost(params: dict) -> dict:
     executor.start()
 
     def train() -> None:
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
-        hvd.allreduce(tf.constant(1.0))
+        hvd.allreduce(torch.tensor(1.0))
         horovod_ray.log({"in_loop": True})  # the driver crashes the host on this
         while True:
-            hvd.allreduce(tf.constant(1.0))
+            hvd.allreduce(torch.tensor(1.0))
 
     victim_ranks = [
         f["rank"] for f in executor.run(rank_facts) if f["hostname"] == victim["hostname"]
@@ -259,15 +259,15 @@ def partition(params: dict) -> dict:
     executor.start()
 
     def train() -> None:
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
-        hvd.allreduce(tf.constant(1.0))
+        hvd.allreduce(torch.tensor(1.0))
         horovod_ray.log({"in_loop": True})  # the driver cuts the network on this
         deadline = time.monotonic() + 120  # a cut that never took ends the job all the same
         while time.monotonic() < deadline:
-            hvd.allreduce(tf.constant(1.0), name="loop")
+            hvd.allreduce(torch.tensor(1.0), name="loop")
 
     cut_at: list[float] = []
 
@@ -313,11 +313,11 @@ def client(params: dict) -> dict:
         out["logged"] = logged
 
     def train(config: dict) -> None:
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
+        import horovod.torch as hvd
+        import torch
 
         hvd.init()
-        tune.report({"loss": float(hvd.allreduce(tf.constant(config["x"])))})
+        tune.report({"loss": float(hvd.allreduce(torch.tensor(config["x"])))})
 
     trainable = DistributedTrainableCreator(train, num_hosts=2, num_slots=1)
     results = tune.Tuner(

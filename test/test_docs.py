@@ -248,17 +248,30 @@ def test_every_shell_block_is_run_by_a_test_or_by_make():
         "ray job submit ",
         ".venv/bin/python examples/",
         "rm -rf build/horovod\n",
+        "make install  ",
     )
     for block in doc_blocks("bash"):
         assert block.startswith(known), block
 
 
+def test_the_testing_pages_commands_are_the_makefiles():
+    """docs/testing.rst's way to run one part: the Makefile's own passes and targets."""
+    (block,) = [b for b in doc_blocks("bash") if b.startswith("make install  ")]
+    makefile = (ROOT / "Makefile").read_text()
+    assert "$(PY) -m pytest $(PYTEST_ARGS) -m unit test\n" in makefile
+    assert ".venv/bin/python -m pytest -m unit test " in block
+    for target in re.findall(r"^make ([\w-]+)", block, re.M):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+
+
 def test_the_hand_build_of_horovod_is_the_makefiles():
     (block,) = [b for b in doc_blocks("bash") if b.startswith("rm -rf build/horovod")]
     makefile = (ROOT / "Makefile").read_text()
-    flags = re.search(r"^HOROVOD_BUILD_ENV := ((?:.*\\\n)*.*)$", makefile, re.M).group(1)
-    flags = flags.replace("\\\n", " ").replace("$(shell nproc)", "$(nproc)")
-    for flag in flags.split():
+    flags = re.search(r"^HOROVOD_FLAGS := ((?:.*\\\n)*.*)$", makefile, re.M).group(1)
+    # The default line's: with PyTorch.
+    torch = re.search(r"^HOROVOD_TORCH := (.*)$", makefile, re.M).group(1)
+    flags = flags.replace("\\\n", " ").replace("$(HOROVOD_TORCH)", torch)
+    for flag in [*flags.split(), "MAKEFLAGS=-j$(nproc)"]:
         assert flag in block, flag
     assert re.search(r"^HOROVOD_VERSION := 0\.28\.1$", makefile, re.M)
     assert "pip install --no-build-isolation --no-cache-dir --force-reinstall --no-deps" in block

@@ -1,4 +1,4 @@
-"""A plain Horovod TensorFlow script, as horovodrun runs it: no horovod_ray in it.
+"""A plain Horovod PyTorch script, as horovodrun runs it: no horovod_ray in it.
 
 python plain_horovod.py allreduce        rank lines, a stderr line, env and cwd
 python plain_horovod.py fail RANK CODE   RANK exits CODE, the others wait
@@ -16,12 +16,12 @@ import time
 
 
 def allreduce() -> None:
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+    import horovod.torch as hvd
+    import torch
 
     hvd.init()
-    total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
-    print(f"rank {hvd.rank()} of {hvd.size()}: local {hvd.local_rank()}, sum {total.numpy()}")
+    total = hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum)
+    print(f"rank {hvd.rank()} of {hvd.size()}: local {hvd.local_rank()}, sum {total.item()}")
     print(f"rank {hvd.rank()} FOO={os.environ.get('FOO')} cwd={os.getcwd()}")
     print(f"rank {hvd.rank()} says hello on stderr", file=sys.stderr)
     print(f"rank {hvd.rank()} progress 1/2\rrank {hvd.rank()} progress 2/2")

@@ -17,18 +17,53 @@ import horovod_ray
 
 
 def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
+    """The loop around horovod's PyTorch elastic state: ``hvd.elastic.TorchState`` holds a
+    model, its ``hvd.DistributedOptimizer`` and an ``hvd.elastic.ElasticSampler``, and each
+    step trains one batch of the rank's share of the samples left in the epoch. The result
+    also carries the model's weights, which every rank must hold alike."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
-    state = hvd.elastic.ObjectState(
-        bcast_object=hvd.broadcast_object, get_rank=hvd.rank, step=0, history=[]
+    torch.manual_seed(0)
+    dataset = torch.utils.data.TensorDataset(torch.randn(96, 4), torch.randn(96, 1))
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, sampler=sampler)
+    torch.manual_seed(hvd.rank())  # different weights until the state's first sync
+    model = torch.nn.Linear(4, 1)
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
     )
+    state = hvd.elastic.TorchState(
+        model=model, optimizer=optimizer, sampler=sampler, step=0, history=[], epochs=0
+    )
+    batches: dict = {}
+
+    def fresh_batches() -> None:
+        # Lazily: the sampler shards what is left of the epoch when the first batch is
+        # drawn, after a reset's sync has set the new world's ranks.
+        batches["iterator"] = iter(loader)
+
+    fresh_batches()
+    state.register_reset_callbacks([fresh_batches])
 
     def step() -> float:
+        batch = next(batches["iterator"], None)
+        if batch is None:  # the epoch is done: the next one, all samples again
+            state.epochs += 1
+            state.sampler.set_epoch(state.epochs)
+            fresh_batches()
+            batch = next(batches["iterator"])
+        x, y = batch
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        state.sampler.record_batch(0, len(x))
         return float(hvd.allreduce(torch.tensor(1.0), op=hvd.Sum))
 
-    return _loop(hvd, state, step, folder, pause_s, max_steps)
+    result = _loop(hvd, state, step, folder, pause_s, max_steps)
+    weights = torch.cat([p.detach().ravel() for p in model.parameters()]).tolist()
+    return {**result, "weights": weights, "epochs": state.epochs}
 
 
 def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:

@@ -123,6 +123,10 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     assert {r["size"] for r in results} == {6}
     history = results[0]["history"]
     assert all(r["history"] == history for r in results)  # every rank holds one state
+    # TorchState kept the model, its optimizer and the ElasticSampler in step: the new
+    # ranks took the survivors' weights, and the epochs went on.
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    assert {r["epochs"] for r in results} == {results[0]["epochs"]}
     steps = [step for step, _, _ in history]
     assert steps == list(range(len(steps)))  # every step once, rolled back where needed
     sizes = [size for _, size, _ in history]

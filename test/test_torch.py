@@ -7,6 +7,8 @@ Stock horovod 0.28.1 does not build against PyTorch 2.1 or later
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 import horovod_ray
@@ -117,6 +119,9 @@ def test_tensorflow_and_torch_import_in_either_order_beside_each_other(executor)
 
 
 @pytest.mark.unit
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="this line has no PyTorch (the 2023 line)"
+)
 def test_horovod_was_built_with_torch_and_gloo():
     # In a fresh interpreter: horovod.torch loads its extension or raises.
     out = run_fresh_python(

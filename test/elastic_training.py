@@ -85,7 +85,9 @@ def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> d
         model.train_on_batch(x, x.sum(axis=1, keepdims=True))
         return float(sum(np.sum(w) for w in model.get_weights()))
 
-    return _loop(hvd, state, step, folder, pause_s, max_steps)
+    import horovod.tensorflow  # the elastic loop and broadcast_object, which keras lacks
+
+    return _loop(horovod.tensorflow, state, step, folder, pause_s, max_steps)
 
 
 def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict:

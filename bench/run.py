@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import b1, b2, b3, b4, b5, b6, b9, report, scale, scripts
+from bench import b1, b2, b3, b4, b5, b6, b9, bt, report, scale, scripts
 from bench.common import MODES, NUM_CPUS, RESULTS, Mode
 from horovod_ray import local_ray
 
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     may_install = args.mode != "smoke"
     _on_local_ray(parts, mode, may_install, sweep_points)
     _on_their_own_ray(parts, mode, may_install)
+    parts.run("bt", bt.in_own_process, args.mode)  # --only bt: PyTorch against its peers
     results["parts_s"] = parts.seconds
     results["wall_s"] = time.perf_counter() - started
     _write(results, out_path)

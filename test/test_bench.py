@@ -96,3 +96,18 @@ def test_scale_smoke_pass_produces_its_figures(tmp_path):
     assert set(steps) >= {"placement", "actors", "environment", "rendezvous", "first_collective"}
     assert all(math.isfinite(s) and s >= 0 for s in steps.values())
     assert (tmp_path / "scale_rendezvous.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_pytorch_comparison_produces_every_figure(tmp_path):
+    """``--only bt``: horovod.torch against torch.distributed and Ray Train's TorchTrainer,
+    in a process of its own."""
+    figures, _ = _smoke(tmp_path, "--only", "bt", timeout_s=600)
+    peers = {
+        "bt1_allreduce_mbps": "torch.distributed",
+        "bt2_epoch_s": "TorchTrainer",
+        "bt3_cold_start_s": "TorchTrainer",
+    }
+    for key, peer in peers.items():
+        assert set(figures[key]) == {"horovod_ray", peer}
+        assert all(math.isfinite(n) and n > 0 for n in _numbers(figures[key])), key
+    assert all(figures[key] > 0 for key in ("bt1_ratio", "bt2_ratio", "bt3_ratio"))

@@ -91,6 +91,12 @@ def stop_ray() -> None:
     _shutdown()
 
 
+def same_on_every_rank(results: list[dict], key: str):
+    """``key`` of every rank's result, which must be the same on all of them."""
+    assert all(r[key] == results[0][key] for r in results), [r[key] for r in results]
+    return results[0][key]
+
+
 def run_fresh_python(code: str, timeout_s: float = 180) -> str:
     """Runs ``code`` in a new interpreter (no Ray of ours in it); returns its stdout."""
     result = subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 from horovod_ray import RayExecutor
 from horovod_ray.job.lifecycle import ExecutorState
 from test import keras_training
-from test.conftest import start_local_ray
+from test.conftest import same_on_every_rank, start_local_ray
 
 # Also on the 2023 line: horovod's Keras API on Keras 2.
 pytestmark = [pytest.mark.timeout(300), pytest.mark.line_2023]
@@ -47,20 +47,15 @@ def executor(_job) -> RayExecutor:
     return current
 
 
-def _same_on_every_rank(results: list[dict], key: str):
-    assert all(r[key] == results[0][key] for r in results), [r[key] for r in results]
-    return results[0][key]
-
-
 @pytest.mark.parametrize(
     ("optimizer", "passes", "fp16"),
     [("SGD", 1, False), ("Adam", 1, False), ("SGD", 2, False), ("SGD", 1, True)],
 )
 def test_distributed_optimizer_averages_the_ranks_gradients(executor, optimizer, passes, fp16):
     results = executor.run(keras_training.fit_distributed, args=(optimizer, passes, fp16))
-    weights = _same_on_every_rank(results, "weights")
+    weights = same_on_every_rank(results, "weights")
     # One update; the optimizer's step counts the batches (as on Keras 2).
-    assert _same_on_every_rank(results, "iterations") == passes
+    assert same_on_every_rank(results, "iterations") == passes
     if optimizer == "SGD":
         # Exactly plain TensorFlow's step along the ranks' mean gradient (summed over
         # the passes): the gradients were averaged, not each rank's own applied.
@@ -75,18 +70,18 @@ def test_distributed_optimizer_averages_the_ranks_gradients(executor, optimizer,
 def test_callbacks_broadcast_average_and_schedule(executor):
     results = executor.run(keras_training.fit_with_callbacks, args=(5,))
     # Ranks started from different weights and saw different data.
-    _same_on_every_rank(results, "weights")
-    loss = _same_on_every_rank(results, "loss")  # averaged over the ranks
+    same_on_every_rank(results, "weights")
+    loss = same_on_every_rank(results, "loss")  # averaged over the ranks
     assert loss[-1] < 0.7 * loss[0]
     # Warm-up from lr / size over 2 epochs (the rate at each epoch's last batch), then
     # the schedule: x1 at epoch 3, x0.5 at epoch 4.
-    lr = _same_on_every_rank(results, "lr")
+    lr = same_on_every_rank(results, "lr")
     np.testing.assert_allclose(lr, [0.0375, 0.05, 0.05, 0.05, 0.025], rtol=1e-6)
 
 
 def test_mixed_precision_scales_the_averaged_gradients(executor):
     results = executor.run(keras_training.fit_mixed_precision)
-    _same_on_every_rank(results, "weights")
+    same_on_every_rank(results, "weights")
     loss = results[0]["loss"]
     assert loss[-1] < loss[0]
     if KERAS3:  # the loss scaling inside the averaging (Keras 2's compile puts it outside)
@@ -103,35 +98,35 @@ def test_unsupported_uses_get_a_clear_error(executor):
 
 def test_gradient_tape_broadcast_variables_and_collectives(executor):
     results = executor.run(keras_training.tape_and_collectives)
-    _same_on_every_rank(results, "after_broadcast")  # rank 0's random weights everywhere
-    _same_on_every_rank(results, "grads")  # averaged over different data
-    assert _same_on_every_rank(results, "allreduce") == [3.0, 3.0]
-    assert _same_on_every_rank(results, "allgather") == [0, 1]
-    assert _same_on_every_rank(results, "broadcast") == 11
+    same_on_every_rank(results, "after_broadcast")  # rank 0's random weights everywhere
+    same_on_every_rank(results, "grads")  # averaged over different data
+    assert same_on_every_rank(results, "allreduce") == [3.0, 3.0]
+    assert same_on_every_rank(results, "allgather") == [0, 1]
+    assert same_on_every_rank(results, "broadcast") == 11
     assert [r["alltoall"] for r in results] == [[0, 10], [1, 11]]
-    assert _same_on_every_rank(results, "grouped") == [[3.0, 3.0], [6.0, 6.0]]
+    assert same_on_every_rank(results, "grouped") == [[3.0, 3.0], [6.0, 6.0]]
 
 
 def test_elastic_states_commit_restore_and_sync(executor):
     results = executor.run(keras_training.elastic_state)
     for kind in ("KerasState", "TensorFlowKerasState"):
         states = [r[kind] for r in results]
-        synced = _same_on_every_rank(states, "synced")  # model and optimizer
+        synced = same_on_every_rank(states, "synced")  # model and optimizer
         assert len(synced[1]) > 2  # the optimizer's slots, not only its step and rate
         assert all(s["moved"] != s["synced"][0] for s in states)
-        assert _same_on_every_rank(states, "restored") == synced
-        assert _same_on_every_rank(states, "epoch") == 0  # rank 0's, the committed one
+        assert same_on_every_rank(states, "restored") == synced
+        assert same_on_every_rank(states, "epoch") == 0  # rank 0's, the committed one
 
 
 def test_saved_model_loads_with_horovod_and_without(executor, tmp_path):
     results = executor.run(keras_training.save_and_load, args=(str(tmp_path),))
     assert all(r["same_weights"] for r in results)
-    assert _same_on_every_rank(results, "loaded_optimizer") == "Adam"
+    assert same_on_every_rank(results, "loaded_optimizer") == "Adam"
     assert all(r["loaded_is_distributed"] for r in results)
     assert all(r["loss_after"] < r["loss_before"] for r in results)
-    _same_on_every_rank(results, "weights_after")  # trained on together after loading
-    assert _same_on_every_rank(results, "plain_optimizer") == "Adam"
+    same_on_every_rank(results, "weights_after")  # trained on together after loading
+    assert same_on_every_rank(results, "plain_optimizer") == "Adam"
     assert not any(r["plain_is_distributed"] for r in results)
     if KERAS3:  # a model saved with a plain optimizer comes back distributed too
         assert all(r["from_plain_is_distributed"] for r in results)
-        _same_on_every_rank(results, "from_plain_weights")
+        same_on_every_rank(results, "from_plain_weights")

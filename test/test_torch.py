@@ -14,7 +14,7 @@ import pytest
 import horovod_ray
 from horovod_ray import RayExecutor
 from test import torch_training
-from test.conftest import run_fresh_python
+from test.conftest import run_fresh_python, same_on_every_rank
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,11 +25,6 @@ def executor(ray_4cpu):
         yield executor
 
 
-def _same_on_every_rank(results: list[dict], key: str):
-    assert all(r[key] == results[0][key] for r in results), [r[key] for r in results]
-    return results[0][key]
-
-
 @pytest.mark.parametrize(
     ("passes", "fp16", "compiled"),
     [(1, False, False), (2, False, False), (1, True, False), (1, False, True)],
@@ -37,8 +32,8 @@ def _same_on_every_rank(results: list[dict], key: str):
 )
 def test_distributed_optimizer_takes_plain_torchs_averaged_step(executor, passes, fp16, compiled):
     results = executor.run(torch_training.optimizer_step, args=(passes, fp16, compiled))
-    start = _same_on_every_rank(results, "start")  # rank 0's broadcast weights
-    weights = _same_on_every_rank(results, "weights")
+    start = same_on_every_rank(results, "start")  # rank 0's broadcast weights
+    weights = same_on_every_rank(results, "weights")
     expected = results[0]["expected"]
     assert weights != start
     tolerance = 2e-3 if fp16 else 1e-5

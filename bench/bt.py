@@ -24,11 +24,12 @@ import tempfile
 import time
 
 import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.common import NUM_CPUS, Mode, alternate, horovod_ray_run, ratio, summary
+from bench.common import NUM_CPUS, ROOT, Mode, alternate, horovod_ray_run, ratio, summary
 
 WORKERS = 2
-BATCH_SIZE = 32
+BATCH_SIZE = 32  # examples/pytorch_digits.py's default
 SEED = 1234
+EXAMPLE = str(ROOT / "examples" / "pytorch_digits.py")  # its data and model
 
 
 def _free_port() -> int:
@@ -100,27 +101,18 @@ class _TorchDistRank:
 
 def _digits(rank: int, size: int):
     """examples/pytorch_digits.py's training shard of rank ``rank``, and its model."""
-    import numpy as np
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    import importlib.util
 
-    images, labels = load_digits(return_X_y=True)
-    x_train, _, y_train, _ = train_test_split(
-        (images / 16.0).astype(np.float32), labels, test_size=0.25, random_state=SEED,
-        stratify=labels,
-    )  # fmt: skip
+    import torch
+
+    spec = importlib.util.spec_from_file_location("pytorch_digits", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    x_train, _, y_train, _ = example.digits()
     torch.manual_seed(SEED)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 128),
-        torch.nn.ReLU(),
-        torch.nn.Linear(128, 64),
-        torch.nn.ReLU(),
-        torch.nn.Linear(64, 10),
-    )
     x = torch.from_numpy(x_train[rank::size])
     y = torch.from_numpy(y_train[rank::size])
-    return x, y, model
+    return x, y, example.classifier()
 
 
 def _epoch(model, optimizer, x, y) -> float:

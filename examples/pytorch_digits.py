@@ -24,33 +24,44 @@ import horovod_ray
 SEED = 1234
 
 
-def train(epochs: int, learning_rate: float, batch_size: int) -> dict:
-    """One rank's training; returns its view of the final held-out metrics."""
-    import horovod.torch as hvd
+def digits():
+    """scikit-learn's digits, scaled to [0, 1]: (x_train, x_test, y_train, y_test)."""
     import numpy as np
-    import torch
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    hvd.init()
-    torch.manual_seed(SEED + hvd.rank())  # different until rank 0's weights are broadcast
-
     images, labels = load_digits(return_X_y=True)
     images = (images / 16.0).astype(np.float32)
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, labels, test_size=0.25, random_state=SEED, stratify=labels
-    )
-    # Each rank sees a disjoint shard; together they cover the training split once.
-    x_shard = torch.from_numpy(x_train[hvd.rank() :: hvd.size()])
-    y_shard = torch.from_numpy(y_train[hvd.rank() :: hvd.size()])
+    return train_test_split(images, labels, test_size=0.25, random_state=SEED, stratify=labels)
 
-    model = torch.nn.Sequential(
+
+def classifier():
+    """The model: two hidden layers, 10 logits."""
+    import torch
+
+    return torch.nn.Sequential(
         torch.nn.Linear(64, 128),
         torch.nn.ReLU(),
         torch.nn.Linear(128, 64),
         torch.nn.ReLU(),
         torch.nn.Linear(64, 10),
     )
+
+
+def train(epochs: int, learning_rate: float, batch_size: int) -> dict:
+    """One rank's training; returns its view of the final held-out metrics."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    torch.manual_seed(SEED + hvd.rank())  # different until rank 0's weights are broadcast
+
+    x_train, x_test, y_train, y_test = digits()
+    # Each rank sees a disjoint shard; together they cover the training split once.
+    x_shard = torch.from_numpy(x_train[hvd.rank() :: hvd.size()])
+    y_shard = torch.from_numpy(y_train[hvd.rank() :: hvd.size()])
+
+    model = classifier()
     # The effective batch is size x batch_size, so the step size scales with it.
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate * hvd.size())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)

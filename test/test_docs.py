@@ -226,8 +226,9 @@ def test_command_line_example_runs_unmodified_script():
     assert all(float(accuracy) > 0.8 for _, accuracy in accuracies)
 
 
-def test_elastic_example_command_trains():
-    line = next(text for text in DOCS.splitlines() if "elastic_tensorflow2_digits.py --" in text)
+@pytest.mark.parametrize("example", ["elastic_tensorflow2_digits.py", "elastic_pytorch_digits.py"])
+def test_elastic_example_command_trains(example):
+    line = next(text for text in DOCS.splitlines() if f"examples/{example} --" in text)
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable

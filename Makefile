@@ -60,7 +60,7 @@ $(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
 	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) horovod-wheel
 	$(PIP) install --quiet --force-reinstall --no-deps $(HOROVOD_BUILD)/wheel/horovod-*.whl
 	$(PIP) install --quiet -c $(CONSTRAINTS) horovod==$(HOROVOD_VERSION)
-	mkdir -p build && ln -sfn $(HOROVOD_BUILD) build/tf$(TF)
+	mkdir -p build && rm -rf build/tf$(TF) && ln -s $(HOROVOD_BUILD) build/tf$(TF)
 	touch $(HOROVOD_STAMP)
 
 # Compiles horovod into $(HOROVOD_BUILD)/wheel unless an earlier build left it there.

@@ -20,13 +20,23 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray.errors import RankError
-from horovod_ray.failures.attribution import RankView, Seen, Snapshot, wholly_lost_nodes
+from horovod_ray.failures.attribution import (
+    RankView,
+    Seen,
+    Snapshot,
+    collectives_stopped,
+    wholly_lost_nodes,
+)
 
 # After a failure, seconds a rank (or a node) gets to answer before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0
 # After a rank is found lost, seconds before the others are asked again: a lost node's
 # processes do not all die at the same instant.
 LOST_RECHECK_S = 1.0
+# After horovod shut a job down, longest wait for the ranks that waited to raise; the
+# wait ends once none has for SETTLE_QUIET_S.
+SETTLE_S = 1.0
+SETTLE_QUIET_S = 0.1
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -198,3 +208,19 @@ def _nodes_alive(node_ids: set[str]) -> dict[str, bool]:
     }
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=LIVENESS_TIMEOUT_S)
     return {node: ref in ready and error_of(ref) is None for node, ref in refs.items()}
+
+
+def settle_if_collectives_stopped(refs: list[ray.ObjectRef]) -> bool:
+    """Whether a rank failed because horovod's collectives stopped (its shut-down error, or
+    Gloo's); if one did, the others that waited raise within moments: waits up to
+    SETTLE_S for them."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    if not any(collectives_stopped(str(error_of(ref))) for ref in ready):
+        return False
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline:  # until no more rank raises for a moment
+        now, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_QUIET_S)
+        if len(now) == len(ready):
+            break
+        ready = now
+    return True

@@ -40,10 +40,6 @@ logger = logging.getLogger(__name__)
 
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0
-# After horovod shut a job down, longest wait for the ranks that waited to raise; the
-# wait ends once none has for SETTLE_QUIET_S.
-SETTLE_S = 1.0
-SETTLE_QUIET_S = 0.1
 
 Rendezvous = RendezvousServer | ClusterRendezvous
 
@@ -312,7 +308,7 @@ class StaticJob:
             self._release_failed(refs)
             raise HorovodRayError("the job was stopped while the call ran")
         timeout_s = self._settings.timeout_s
-        stopped = _settle_if_collectives_stopped(refs)
+        stopped = probe.settle_if_collectives_stopped(refs)
         snapshot, first = probe.probe(
             self.actors,
             [m.node.where for m in self.members],
@@ -355,22 +351,6 @@ class StaticJob:
                 return
             self._released = True
             release(self.held, grace_s)
-
-
-def _settle_if_collectives_stopped(refs: list[ray.ObjectRef]) -> bool:
-    """Whether a rank failed because horovod's collectives stopped (its shut-down error, or
-    Gloo's); if one did, the others that waited raise within moments: waits up to
-    SETTLE_S for them."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    if not any(attribution.collectives_stopped(str(probe.error_of(ref))) for ref in ready):
-        return False
-    deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline:  # until no more rank raises for a moment
-        now, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_QUIET_S)
-        if len(now) == len(ready):
-            break
-        ready = now
-    return True
 
 
 def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:

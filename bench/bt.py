@@ -54,27 +54,28 @@ def hvd_allreduce_seconds(nbytes: int, iters: int, warmup: int) -> float:
     return time.perf_counter() - start
 
 
-def _torch_dist_allreduce_seconds(
-    rank: int, port: int, nbytes: int, iters: int, warmup: int
-) -> float:
-    """BT1 on a torch.distributed rank (gloo): the same loop."""
-    import torch
-    import torch.distributed as dist
+class _TorchDistRank:
+    """A torch.distributed rank (gloo) in a Ray actor, as TorchTrainer's workers are."""
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS
-    )
-    try:
-        data = torch.ones(nbytes // 4)
-        for _ in range(warmup):
-            dist.all_reduce(data)
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(data)
-        return time.perf_counter() - start
-    finally:
-        dist.destroy_process_group()
+    def seconds(self, rank: int, port: int, nbytes: int, iters: int, warmup: int) -> float:
+        """BT1 on this rank: the same loop as ``hvd_allreduce_seconds``."""
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS
+        )
+        try:
+            data = torch.ones(nbytes // 4)
+            for _ in range(warmup):
+                dist.all_reduce(data)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(data)
+            return time.perf_counter() - start
+        finally:
+            dist.destroy_process_group()
 
 
 def torch_distributed_seconds(nbytes: int, iters: int, warmup: int) -> float:
@@ -85,18 +86,12 @@ def torch_distributed_seconds(nbytes: int, iters: int, warmup: int) -> float:
     actors = [rank_actor.remote() for _ in range(WORKERS)]
     try:
         port = _free_port()
-        seconds = ray.get(
-            [a.run.remote(r, port, nbytes, iters, warmup) for r, a in enumerate(actors)]
-        )
-        return seconds[0]
+        return ray.get(
+            [a.seconds.remote(r, port, nbytes, iters, warmup) for r, a in enumerate(actors)]
+        )[0]
     finally:
         for actor in actors:
             ray.kill(actor)
-
-
-class _TorchDistRank:
-    def run(self, rank: int, port: int, nbytes: int, iters: int, warmup: int) -> float:
-        return _torch_dist_allreduce_seconds(rank, port, nbytes, iters, warmup)
 
 
 def _digits(rank: int, size: int):
@@ -257,7 +252,8 @@ def in_own_process(mode_name: str) -> dict:
         subprocess.run(
             [sys.executable, "-m", "bench.bt", mode_name, out.name], check=True, timeout=1800
         )
-        return json.load(open(out.name))
+        with open(out.name) as handle:
+            return json.load(handle)
 
 
 def main(argv: list[str]) -> int:

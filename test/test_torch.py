@@ -123,3 +123,32 @@ def test_horovod_was_built_with_torch_and_gloo():
         "import horovod.torch as hvd\nprint(hvd.gloo_built(), hvd.mpi_built())\n", timeout_s=120
     )
     assert out.split() == ["True", "False"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("has_torch", "code"), [(True, 0), (False, 1)])
+def test_the_install_check_fails_when_torch_is_there_but_horovod_lacks_it(
+    monkeypatch, capsys, has_torch, code
+):
+    """``make install``'s check: PyTorch installed and horovod built without its extension
+    is an error naming the rebuild (horovod's own probes answered here, so no framework is
+    imported)."""
+    import horovod.common.util
+
+    from horovod_ray.stack import check_install
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("this line has no PyTorch (the 2023 line)")
+    monkeypatch.setattr(horovod.common.util, "gloo_built", lambda: True)
+    monkeypatch.setattr(
+        horovod.common.util,
+        "extension_available",
+        lambda framework: framework != "torch" or has_torch,
+    )
+    assert check_install._full_check(require_fix=True) == code
+    out, err = capsys.readouterr()
+    if has_torch:
+        assert "horovod has PyTorch (horovod.torch)" in out
+    else:
+        assert "PyTorch is installed but horovod lacks its extension" in err
+        assert "HOROVOD_WITH_PYTORCH=1" in err

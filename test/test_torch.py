@@ -81,13 +81,10 @@ def test_join_lets_uneven_ranks_finish_through_run(ray_4cpu):
     assert rank0["after"] == rank1["after"] == 2.0
 
 
-def test_sync_batch_norm_on_cpu_is_a_clear_error(executor):
-    """horovod's SyncBatchNorm is GPU-only (docs/pytorch.rst): on CPU it says so at once,
-    on every rank, instead of failing inside PyTorch's kernels."""
-    assert (
-        executor.run(torch_training.sync_batch_norm)
-        == ["ValueError: SyncBatchNorm expected input tensor to be on GPU"] * 2
-    )
+def test_sync_batch_norm_on_cpu_normalises_over_every_ranks_batch(executor):
+    """Stock horovod raises "SyncBatchNorm expected input tensor to be on GPU" here."""
+    for rank in executor.run(torch_training.sync_batch_norm):
+        assert rank == pytest.approx(dict.fromkeys(rank, 0.0), abs=1e-5)
 
 
 def _both_frameworks() -> list:
@@ -126,6 +123,20 @@ def test_horovod_was_built_with_torch_and_gloo():
 
 
 @pytest.mark.unit
+def test_the_install_check_sees_sync_batch_norm_on_cpus(monkeypatch, tmp_path):
+    """The patched horovod's file, then a stock one's (GPU-only)."""
+    from horovod_ray.stack import build
+
+    assert build.sync_batch_norm_on_cpu()
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "sync_batch_norm.py").write_text(
+        "mean, invstd = torch.batch_norm_stats(input, eps)\n"
+    )
+    monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
+    assert not build.sync_batch_norm_on_cpu()
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(("has_torch", "code"), [(True, 0), (False, 1)])
 def test_the_install_check_fails_when_torch_is_there_but_horovod_lacks_it(
     monkeypatch, capsys, has_torch, code
@@ -149,6 +160,7 @@ def test_the_install_check_fails_when_torch_is_there_but_horovod_lacks_it(
     out, err = capsys.readouterr()
     if has_torch:
         assert "horovod has PyTorch (horovod.torch)" in out
+        assert "horovod has SyncBatchNorm on CPUs" in out
     else:
         assert "PyTorch is installed but horovod lacks its extension" in err
         assert "HOROVOD_WITH_PYTORCH=1" in err

@@ -189,16 +189,37 @@ def uneven_then_join() -> dict:
     return {"sums": sums, "join": last, "after": after}
 
 
-def sync_batch_norm() -> str:
-    """``hvd.SyncBatchNorm`` on a CPU tensor: what its forward says (PyTorch has the
-    statistics kernels it needs, ``torch.batch_norm_stats``, on GPUs only)."""
+def sync_batch_norm() -> dict:
+    """One training step of ``hvd.SyncBatchNorm`` on CPU tensors, each rank with a batch of
+    its own (a different size on each), beside what plain ``BatchNorm1d`` computes from
+    every rank's batch at once: the statistics, output, gradients and running statistics
+    must agree (patches/horovod-0.28.1-torch-sync-batch-norm-cpu.patch; PyTorch has the
+    kernels horovod uses on GPUs only)."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
-    norm = hvd.SyncBatchNorm(2)
-    try:
-        norm(torch.ones(4, 2) * hvd.rank())
-    except ValueError as error:  # the test wants the error itself
-        return f"{type(error).__name__}: {error}"
-    return "normalised"
+    batches = [_data(rank, rows=6 + 2 * rank)[0][:, :, None] for rank in range(hvd.size())]
+    weights = torch.linspace(0.5, 2.0, FEATURES)
+    synced = hvd.SyncBatchNorm(FEATURES)
+    plain = torch.nn.BatchNorm1d(FEATURES)
+    for norm in (synced, plain):
+        with torch.no_grad():
+            norm.weight.copy_(torch.linspace(1.0, 1.5, FEATURES))
+            norm.bias.fill_(0.25)
+    mine = batches[hvd.rank()].clone().requires_grad_()
+    every = torch.cat(batches).requires_grad_()
+    output = synced(mine)
+    (output * weights[:, None]).sum().backward()
+    expected = plain(every)
+    (expected * weights[:, None]).sum().backward()
+    first = sum(len(batch) for batch in batches[: hvd.rank()])
+    rows = slice(first, first + len(mine))
+    return {
+        "output": output.detach().sub(expected[rows].detach()).abs().max().item(),
+        "input_grad": mine.grad.sub(every.grad[rows]).abs().max().item(),
+        "weight_grad": hvd.allreduce(synced.weight.grad, op=hvd.Sum)
+        .sub(plain.weight.grad).abs().max().item(),
+        "running_mean": synced.running_mean.sub(plain.running_mean).abs().max().item(),
+        "running_var": synced.running_var.sub(plain.running_var).abs().max().item(),
+    }

@@ -8,6 +8,7 @@ runs, through horovod's own probes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import importlib.metadata
@@ -37,12 +38,19 @@ _GLOO_MARKER = b"GlooController"
 _IFACE_FIX_MARKER = b"Gloo process set device interface"
 
 
-@functools.cache
-def _tf_extension() -> str | None:
+def _horovod_dir() -> str | None:
+    """The installed horovod package's folder, found without importing it."""
     spec = importlib.util.find_spec("horovod")
     if spec is None or not spec.submodule_search_locations:
         return None
-    package_dir = list(spec.submodule_search_locations)[0]
+    return list(spec.submodule_search_locations)[0]
+
+
+@functools.cache
+def _tf_extension() -> str | None:
+    package_dir = _horovod_dir()
+    if package_dir is None:
+        return None
     libs = glob.glob(os.path.join(package_dir, "tensorflow", "mpi_lib*.so"))
     return libs[0] if libs else None
 
@@ -96,11 +104,22 @@ def keras3_port() -> bool | None:
         return None
     if major < 3:
         return None
-    spec = importlib.util.find_spec("horovod")
-    if spec is None or not spec.submodule_search_locations:
+    package_dir = _horovod_dir()
+    return package_dir is not None and os.path.exists(
+        os.path.join(package_dir, "_keras", "keras3.py")
+    )
+
+
+def sync_batch_norm_on_cpu() -> bool:
+    """Whether ``horovod.torch.SyncBatchNorm`` runs on CPU tensors (this repo's patch
+    horovod-*-torch-sync-batch-norm-cpu.patch); stock horovod's is GPU-only."""
+    package_dir = _horovod_dir()
+    if package_dir is None:
         return False
-    package_dir = list(spec.submodule_search_locations)[0]
-    return os.path.exists(os.path.join(package_dir, "_keras", "keras3.py"))
+    path = os.path.join(package_dir, "torch", "sync_batch_norm.py")
+    with contextlib.suppress(OSError), open(path) as source:
+        return "def _batch_norm_stats(" in source.read()
+    return False
 
 
 def require_gloo() -> None:

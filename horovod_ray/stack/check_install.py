@@ -21,6 +21,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     gloo_iface_fixed,
     keras3_port,
     require_gloo,
+    sync_batch_norm_on_cpu,
 )
 
 
@@ -43,6 +44,10 @@ def _full_check(require_fix: bool) -> int:
         print("horovod_ray: PyTorch is not installed (horovod.torch needs it and a rebuild)")
     elif extension_available("torch"):
         print("horovod_ray: horovod has PyTorch (horovod.torch)")
+        if sync_batch_norm_on_cpu():
+            print("horovod_ray: horovod has SyncBatchNorm on CPUs (horovod.torch)")
+        else:
+            print("horovod_ray: horovod's SyncBatchNorm is GPU-only, as released")
     else:
         print(
             "horovod_ray: PyTorch is installed but horovod lacks its extension, so "

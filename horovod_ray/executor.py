@@ -1,7 +1,7 @@
 """RayExecutor: one Horovod job on Ray, its public API and its life.
 
 The executor checks the arguments, owns the lifecycle (``lifecycle``, one writer) and
-counts the calls in flight; a kind of job (``kinds.JobKind``: ``static.StaticJob`` or
+admits the calls (``lifecycle.CallGate``); a kind of job (``kinds.JobKind``: ``static.StaticJob`` or
 ``elastic.ElasticJob``) does the rest: placement, bring-up (``bringup``), calls
 (``calls``, ``logs``), failures (``failures``) and release.
 """
@@ -9,7 +9,6 @@ counts the calls in flight; a kind of job (``kinds.JobKind``: ``static.StaticJob
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
@@ -22,7 +21,14 @@ from horovod_ray.errors import (
 )
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts
-from horovod_ray.job.lifecycle import FINAL, Cancel, ExecutorState, Lifecycle, state_hint
+from horovod_ray.job.lifecycle import (
+    FINAL,
+    CallGate,
+    Cancel,
+    ExecutorState,
+    Lifecycle,
+    state_hint,
+)
 from horovod_ray.rank import calls
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.settings import Settings, create_settings, require_settings
@@ -112,10 +118,9 @@ class RayExecutor:
         self.layout, self.elastic = job_layouts(**arguments)
         self._job = kinds.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
+        self._calls = CallGate(self._lifecycle)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
-        self._lock = threading.RLock()
-        self._calls_in_flight = 0
 
     # ----------------------------------------------------------------- introspection
 
@@ -314,8 +319,8 @@ class RayExecutor:
         Ctrl-C, a raising callback: the ranks cannot be left half done) stops the job,
         which ends FAILED, and re-raises.
 
-        The call counts as in flight from the moment it is admitted, under the same lock,
-        so that a stop() can never take it for idle. A kind calls ``failing()`` as soon
+        The call counts as in flight from the moment it is admitted (``CallGate``), so
+        that a stop() can never take it for idle. A kind calls ``failing()`` as soon
         as it knows the call failed, before it looks at the ranks or releases anything:
         it says whether the failure is this call's (the job moved to STOPPING), not a
         stop() or another call's failure already under way.
@@ -325,13 +330,12 @@ class RayExecutor:
                 while this call ran.
         """
         kind = self._running(action, call, counted=True)
-        moved: list[bool] = []
+        moved = False
 
         def failing() -> bool:
-            with self._lock:
-                if self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING):
-                    moved.append(True)
-            return bool(moved)
+            nonlocal moved
+            moved = moved or self._calls.fail()
+            return moved
 
         try:
             return body(kind, failing)
@@ -350,8 +354,7 @@ class RayExecutor:
                 ) from err
             raise
         finally:
-            with self._lock:
-                self._calls_in_flight -= 1
+            self._calls.done()
 
     # ------------------------------------------------------------------------- stop
 
@@ -372,10 +375,7 @@ class RayExecutor:
             if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
                 logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
                 return
-        with self._lock:
-            # Under the lock calls are admitted and counted: none begins once this moved.
-            busy = self._calls_in_flight > 0
-            moved = lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
+        busy, moved = self._calls.close()  # no call begins once this moved
         if moved:
             grace_s = 0 if busy else STOP_GRACE_S
             lifecycle.end(lambda: self._job.stop(grace_s=grace_s), ExecutorState.STOPPED)
@@ -400,12 +400,6 @@ class RayExecutor:
         ``counted`` it is in flight until the caller takes it off)."""
         kind = self._job
         kind.refuse(action, call)
-        with self._lock:
-            state = self.state
-            if state is ExecutorState.RUNNING:
-                if call is not None:
-                    kind.admit()
-                if counted:
-                    self._calls_in_flight += 1
-                return kind
-        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")
+        if self._calls.admit(kind.admit if call is not None else None, counted):
+            return kind
+        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(self.state)}")

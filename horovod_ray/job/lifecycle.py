@@ -1,7 +1,8 @@
 """Where a job is in its life: the states, the moves allowed between them, one writer.
 
 :class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
-elastic run's (:class:`RunState`, in ``elastic_run.ElasticRun``).
+elastic run's (:class:`RunState`, in ``elastic_run.ElasticRun``). :class:`CallGate`
+admits the executor's calls while it runs and counts those in flight.
 """
 
 from __future__ import annotations
@@ -147,6 +148,51 @@ class Lifecycle:
             release()
         finally:
             self.transition([ExecutorState.STOPPING], final)
+
+
+class CallGate:
+    """Admits calls to a RUNNING job and counts those in flight, under one lock with the
+    moves out of RUNNING, so that a stop() never takes a job with a call under way for
+    idle, and no call begins once the job left RUNNING.
+
+    Args:
+        lifecycle: The executor's lifecycle.
+    """
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self._lock = threading.RLock()
+        self._in_flight = 0
+
+    def admit(self, admit: Callable[[], None] | None, counted: bool) -> bool:
+        """If the job is RUNNING: runs ``admit()`` (when given) and, with ``counted``,
+        counts one more call in flight until :meth:`done`. Says whether it was running."""
+        with self._lock:
+            if not self._lifecycle.is_in(ExecutorState.RUNNING):
+                return False
+            if admit is not None:
+                admit()
+            if counted:
+                self._in_flight += 1
+            return True
+
+    def done(self) -> None:
+        """A counted call ended."""
+        with self._lock:
+            self._in_flight -= 1
+
+    def fail(self) -> bool:
+        """A call failed: RUNNING -> STOPPING; says whether this moved it (not a stop()
+        or another call's failure already under way)."""
+        with self._lock:
+            return self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
+
+    def close(self) -> tuple[bool, bool]:
+        """stop(): RUNNING -> STOPPING. Returns (whether calls were in flight, whether this
+        moved it)."""
+        with self._lock:
+            busy = self._in_flight > 0
+            return busy, self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
 
 
 def state_hint(state: ExecutorState) -> str:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from horovod_ray.job.lifecycle import FINAL, TRANSITIONS, ExecutorState, Lifecycle
+from horovod_ray.job.lifecycle import FINAL, TRANSITIONS, CallGate, ExecutorState, Lifecycle
 
 pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 
@@ -99,3 +99,27 @@ def test_a_failed_start_ends_failed_or_stopped_when_cancelled(cancelled, final):
     released = []
     lifecycle.finish_start(lambda: released.append(True), cancelled)
     assert released == [True] and lifecycle.state is final
+
+
+def test_the_call_gate_admits_only_while_running_and_counts_calls_until_done():
+    lifecycle = _walk([S.CREATED, S.STARTING])
+    gate = CallGate(lifecycle)
+    admitted = []
+    assert not gate.admit(lambda: admitted.append("early"), counted=True)
+    lifecycle.transition([S.STARTING], S.RUNNING)
+    assert gate.admit(lambda: admitted.append("call"), counted=True)
+    assert gate.admit(None, counted=False)  # a property read: not a call in flight
+    assert admitted == ["call"]
+    assert gate.close() == (True, True)  # a call was in flight; this stop moved it
+    assert not gate.admit(lambda: admitted.append("late"), counted=True)
+    assert admitted == ["call"] and lifecycle.state is S.STOPPING
+
+
+def test_the_call_gate_lets_the_first_failure_or_stop_move_the_job_and_no_other():
+    lifecycle = _walk([S.CREATED, S.STARTING, S.RUNNING])
+    gate = CallGate(lifecycle)
+    assert gate.admit(None, counted=True)
+    gate.done()
+    assert gate.fail() is True  # this call's failure stops the job
+    assert gate.fail() is False  # another's comes after it
+    assert gate.close() == (False, False)  # nothing in flight, and stop() found it moved

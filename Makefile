@@ -103,7 +103,6 @@ test-suite: install
 # horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node
 # (marked line_2023).
 test-2023:
-	$(MAKE) TF=2.15 install
 	$(MAKE) TF=2.15 test-subset
 
 test-subset: install
@@ -119,7 +118,7 @@ demo: install
 # a docstring that does not render), then every link between its pages is checked.
 # Built with the default line's environment, where ``make install`` puts Sphinx.
 docs:
-	$(MAKE) TF=2.21 install
+	$(MAKE) TF=2.21 .venv/.installed
 	rm -rf build/docs
 	.venv/bin/python -m sphinx -W --keep-going -q -b html docs build/docs/html
 	.venv/bin/python docs/check_links.py build/docs/html

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 
 from test.conftest import (
     DOC_FILES,
@@ -46,6 +47,15 @@ def _run_python(code: str, env: dict | None = None) -> str:
     return result.stdout
 
 
+@pytest.fixture
+def joined() -> dict:
+    """RAY_ADDRESS of this module's local Ray, for the snippets that start no Ray with
+    resources of their own (``run()``, a plain ``ray.init()``): they join it, as in a Ray
+    Job (docs/run.rst), instead of each starting one, most of a short snippet's time."""
+    start_local_ray(4)
+    return {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+
+
 def _block(marker: str) -> str:
     (block,) = [b for b in PYTHON if marker in b]
     return block
@@ -71,25 +81,26 @@ def test_the_docs_have_the_snippets_this_test_runs():
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
 
 
-def test_quickstart_run_snippet():
-    out = _run_python(_block("num_slots=2, callbacks=[print]"))
+def test_quickstart_run_snippet(joined):
+    out = _run_python(_block("num_slots=2, callbacks=[print]"), joined)
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
 
 
-def test_quickstart_torch_snippet():
-    _run_python(_block("torch.tensor(float(hvd.rank()))"))  # its assert: 0 + 1 on both ranks
+def test_quickstart_torch_snippet(joined):
+    # Its assert: 0 + 1 on both ranks.
+    _run_python(_block("torch.tensor(float(hvd.rank()))"), joined)
 
 
-def test_pytorch_page_snippet():
-    _run_python(_block("hvd.broadcast_optimizer_state(optimizer"))  # its assert: in step
+def test_pytorch_page_snippet(joined):
+    _run_python(_block("hvd.broadcast_optimizer_state(optimizer"), joined)  # its assert: in step
 
 
-def test_restarts_snippet():
-    _run_python(_block("max_restarts=2"))  # its assert: every rank ran in attempt 1
+def test_restarts_snippet(joined):
+    _run_python(_block("max_restarts=2"), joined)  # its assert: every rank ran in attempt 1
 
 
-def test_quickstart_executor_snippet():
-    out = _run_python(_block("RayExecutor(settings"))
+def test_quickstart_executor_snippet(joined):
+    out = _run_python(_block("RayExecutor(settings"), joined)
     assert "RankInfo(world_rank=0" in out
 
 
@@ -112,14 +123,14 @@ def test_gpu_snippet_gives_each_local_rank_its_own_gpu():
     assert ast.literal_eval(out.strip().splitlines()[-1]) == [("0,1", 0), ("0,1", 1)]
 
 
-def test_hang_snippet_names_the_missing_rank_and_its_sleeping_line():
-    out = _run_python(_block("stall_timeout_s=4"))
+def test_hang_snippet_names_the_missing_rank_and_its_sleeping_line(joined):
+    out = _run_python(_block("stall_timeout_s=4"), joined)
     assert out.startswith("(1,) (0,)\n"), out[-3000:]
     assert 'File "<dynamic-code>", line 11, in train' in out  # the time.sleep
 
 
-def test_elastic_snippet():
-    out = _run_python(_block("min_workers=2, max_workers=4"))
+def test_elastic_snippet(joined):
+    out = _run_python(_block("min_workers=2, max_workers=4"), joined)
     # Membership dicts from the callback, then the final world's results (one per rank).
     assert "'event': 'membership'" in out
     results = ast.literal_eval(out.strip().splitlines()[-1])
@@ -142,12 +153,14 @@ def test_tune_example_command_prints_the_best_config():
 
 
 @pytest.mark.parametrize("example", ["tensorflow2_digits.py", "pytorch_digits.py"])
-def test_example_command_reaches_the_accuracy(example):
+def test_example_command_reaches_the_accuracy(example, joined):
     line = next(text for text in DOCS.splitlines() if f"examples/{example} --num" in text)
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     progress = re.findall(r"^epoch +(\d+)/(\d+) +loss ([\d.]+)", result.stdout, re.MULTILINE)
     assert [int(epoch) for epoch, _, _ in progress] == list(range(1, 16))

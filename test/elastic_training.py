@@ -116,3 +116,36 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
 
     history = loop(state)
     return {"rank": hvd.rank(), "size": hvd.size(), "history": history}
+
+
+def grow_after_a_slow_start(folder: str, until: int = 0, steps: int = 300) -> list[int]:
+    """Enters horovod's elastic loop only once ``folder/go`` exists, as a rank with a slow
+    import or data load would, after saying it started (``folder/started.<rank>``); then
+    commits a step every 0.2 s, up to ``steps``, until 3 steps ran on ``until`` ranks (by
+    default: on more ranks than the first step). Returns the world's size at each step."""
+    import time
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    Path(folder, f"started.{hvd.rank()}").touch()
+    while not Path(folder, "go").exists():
+        time.sleep(0.1)
+    state = hvd.elastic.TorchState(sizes=[])
+
+    @hvd.elastic.run
+    def loop(state):
+        while len(state.sizes) < steps:
+            total = hvd.allreduce(torch.tensor(1.0), op=hvd.Sum, name="grow.step")
+            state.sizes = [*state.sizes, int(total)]
+            # The same on every rank: the sizes are the state's, synced at each reset.
+            grown = hvd.size() == until if until else hvd.size() > state.sizes[0]
+            if grown and state.sizes[-3:] == [hvd.size()] * 3:
+                break
+            time.sleep(0.2)
+            state.commit()
+        return state.sizes
+
+    return loop(state)

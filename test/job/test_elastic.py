@@ -17,7 +17,7 @@ from horovod_ray import RayExecutor
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.rank import logs
 from test.conftest import start_cluster, stop_ray
-from test.elastic_training import train, train_keras
+from test.elastic_training import grow_after_a_slow_start, train, train_keras
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -150,6 +150,42 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
         r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
     )
     assert set(ended) == {lost.node_id[:12]}, caplog.text
+
+
+def _alive_worker_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+
+
+def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
+    """A node that joins after horovod's driver placed the first ranks but before rank 0
+    entered its elastic loop (a slow import, data loading; an autoscaler's node arriving
+    then) is used once the loop runs. horovod 0.28.1 told only a coordinator that had
+    registered, so the job never grew (it did not on Ray's autoscaler: docs/elastic.rst);
+    patches/horovod-0.28.1-elastic-early-host-update.patch tells it when it registers."""
+    for node in list(cluster.worker_nodes)[1:]:
+        cluster.remove_node(node)
+    _wait_for(lambda: _alive_worker_nodes() == 1, 60, "one worker node")
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path, grow_after_a_slow_start)
+        _wait_for(lambda: len(list(tmp_path.glob("started.*"))) == 2, 120, "2 ranks", run)
+        cluster.add_node(num_cpus=2)
+        # horovod's driver reads the hosts every second: the new node is seen, and its
+        # news skipped (stock horovod) or kept (patched), while rank 0 waits for "go".
+        _wait_for(lambda: _alive_worker_nodes() == 2, 60, "the new node")
+        time.sleep(5)
+        (tmp_path / "go").touch()
+        run.thread.join(240)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+        while len(cluster.worker_nodes) < 3:  # three worker nodes again for what comes next
+            cluster.add_node(num_cpus=2)
+    sizes = run.outcome["results"][0]
+    assert sizes[0] == 2 and sizes[-3:] == [4, 4, 4], sizes
+    assert [e["size_after"] for e in run.changes()] == [2, 4]
 
 
 @pytest.mark.line_2023

@@ -199,27 +199,38 @@ def sync_batch_norm() -> dict:
     import torch
 
     hvd.init()
-    batches = [_data(rank, rows=6 + 2 * rank)[0][:, :, None] for rank in range(hvd.size())]
-    weights = torch.linspace(0.5, 2.0, FEATURES)
+    generator = torch.Generator().manual_seed(7)  # the same on every rank
+    counts = [6 + 2 * rank for rank in range(hvd.size())]
+    every = torch.randn(sum(counts), FEATURES, 3, generator=generator) * 2 + 1
+    upstream = torch.randn(every.shape, generator=generator)  # d(loss)/d(output)
+    first = sum(counts[: hvd.rank()])
+    rows = slice(first, first + counts[hvd.rank()])
     synced = hvd.SyncBatchNorm(FEATURES)
     plain = torch.nn.BatchNorm1d(FEATURES)
     for norm in (synced, plain):
         with torch.no_grad():
             norm.weight.copy_(torch.linspace(1.0, 1.5, FEATURES))
             norm.bias.fill_(0.25)
-    mine = batches[hvd.rank()].clone().requires_grad_()
-    every = torch.cat(batches).requires_grad_()
+    mine = every[rows].clone().requires_grad_()
+    every.requires_grad_()
     output = synced(mine)
-    (output * weights[:, None]).sum().backward()
+    output.backward(upstream[rows])
     expected = plain(every)
-    (expected * weights[:, None]).sum().backward()
-    first = sum(len(batch) for batch in batches[: hvd.rank()])
-    rows = slice(first, first + len(mine))
+    expected.backward(upstream)
+
+    def gap(a, b) -> float:
+        return a.detach().sub(b.detach()).abs().max().item()
+
     return {
-        "output": output.detach().sub(expected[rows].detach()).abs().max().item(),
-        "input_grad": mine.grad.sub(every.grad[rows]).abs().max().item(),
-        "weight_grad": hvd.allreduce(synced.weight.grad, op=hvd.Sum)
-        .sub(plain.weight.grad).abs().max().item(),
-        "running_mean": synced.running_mean.sub(plain.running_mean).abs().max().item(),
-        "running_var": synced.running_var.sub(plain.running_var).abs().max().item(),
+        "gaps": {
+            "output": gap(output, expected[rows]),
+            "input_grad": gap(mine.grad, every.grad[rows]),
+            # Each rank's parameter gradients are its share: their sum is the whole's.
+            "weight_grad": gap(hvd.allreduce(synced.weight.grad, op=hvd.Sum), plain.weight.grad),
+            "bias_grad": gap(hvd.allreduce(synced.bias.grad, op=hvd.Sum), plain.bias.grad),
+            "running_mean": gap(synced.running_mean, plain.running_mean),
+            "running_var": gap(synced.running_var, plain.running_var),
+        },
+        # What the gaps are measured against: gradients far from 0.
+        "sizes": [every.grad.abs().max().item(), plain.weight.grad.abs().max().item()],
     }

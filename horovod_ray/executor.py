@@ -400,6 +400,7 @@ class RayExecutor:
         ``counted`` it is in flight until the caller takes it off)."""
         kind = self._job
         kind.refuse(action, call)
-        if self._calls.admit(kind.admit if call is not None else None, counted):
+        state = self._calls.admit(kind.admit if call is not None else None, counted)
+        if state is ExecutorState.RUNNING:
             return kind
-        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(self.state)}")
+        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")

@@ -164,17 +164,18 @@ class CallGate:
         self._lock = threading.RLock()
         self._in_flight = 0
 
-    def admit(self, admit: Callable[[], None] | None, counted: bool) -> bool:
+    def admit(self, admit: Callable[[], None] | None, counted: bool) -> ExecutorState:
         """If the job is RUNNING: runs ``admit()`` (when given) and, with ``counted``,
-        counts one more call in flight until :meth:`done`. Says whether it was running."""
+        counts one more call in flight until :meth:`done`. Returns the state it found
+        (the call was admitted if RUNNING), for the error that refuses the call."""
         with self._lock:
-            if not self._lifecycle.is_in(ExecutorState.RUNNING):
-                return False
-            if admit is not None:
-                admit()
-            if counted:
-                self._in_flight += 1
-            return True
+            state = self._lifecycle.state
+            if state is ExecutorState.RUNNING:
+                if admit is not None:
+                    admit()
+                if counted:
+                    self._in_flight += 1
+            return state
 
     def done(self) -> None:
         """A counted call ended."""

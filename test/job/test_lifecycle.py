@@ -105,20 +105,20 @@ def test_the_call_gate_admits_only_while_running_and_counts_calls_until_done():
     lifecycle = _walk([S.CREATED, S.STARTING])
     gate = CallGate(lifecycle)
     admitted = []
-    assert not gate.admit(lambda: admitted.append("early"), counted=True)
+    assert gate.admit(lambda: admitted.append("early"), counted=True) is S.STARTING
     lifecycle.transition([S.STARTING], S.RUNNING)
-    assert gate.admit(lambda: admitted.append("call"), counted=True)
-    assert gate.admit(None, counted=False)  # a property read: not a call in flight
+    assert gate.admit(lambda: admitted.append("call"), counted=True) is S.RUNNING
+    assert gate.admit(None, counted=False) is S.RUNNING  # a property read: not in flight
     assert admitted == ["call"]
     assert gate.close() == (True, True)  # a call was in flight; this stop moved it
-    assert not gate.admit(lambda: admitted.append("late"), counted=True)
+    assert gate.admit(lambda: admitted.append("late"), counted=True) is S.STOPPING
     assert admitted == ["call"] and lifecycle.state is S.STOPPING
 
 
 def test_the_call_gate_lets_the_first_failure_or_stop_move_the_job_and_no_other():
     lifecycle = _walk([S.CREATED, S.STARTING, S.RUNNING])
     gate = CallGate(lifecycle)
-    assert gate.admit(None, counted=True)
+    assert gate.admit(None, counted=True) is S.RUNNING
     gate.done()
     assert gate.fail() is True  # this call's failure stops the job
     assert gate.fail() is False  # another's comes after it

@@ -66,11 +66,13 @@ def _free_port() -> int:
 
 
 def _session_of(pid: int) -> int | None:
+    """The session of a live process (None for one gone, or a zombie: it holds nothing)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rpartition(")")[2].split()[3])  # the 6th field: the session id
+    state, _, _, session = stat.rpartition(")")[2].split()[:4]  # fields 3 to 6
+    return None if state == "Z" else int(session)
 
 
 class AutoscalingCluster:
@@ -112,10 +114,13 @@ class AutoscalingCluster:
             stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         self._session = start.pid
-        out, _ = start.communicate(timeout=120)
-        if start.returncode != 0:
-            self.stop()
-            raise RuntimeError(f"ray start failed:\n{out}")
+        try:
+            out, _ = start.communicate(timeout=120)
+            if start.returncode != 0:
+                raise RuntimeError(f"ray start failed:\n{out}")
+        except BaseException:
+            self.stop()  # __exit__ does not run when __enter__ raises
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:

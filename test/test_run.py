@@ -217,8 +217,9 @@ def test_run_starts_a_local_ray_which_stops_at_exit_after_the_ranks_last_lines()
         "    sys.stderr.write(f'ERR {rank}\\n')\n"
         "    sys.stdout.write(f'LAST {rank}')  # no newline\n"
         "    return 7, os.nice(0)\n"
-        "print('RESULT', horovod_ray.run(train, num_slots=2))\n"
-        "print('RAY', ray.is_initialized())\n"
+        # The same here: Ray's printer thread may still forward the ranks' last lines.
+        "sys.stdout.write(f'RESULT {horovod_ray.run(train, num_slots=2)}\\n')\n"
+        "sys.stdout.write(f'RAY {ray.is_initialized()}\\n')\n"
     )
     out = run_fresh_python(code, timeout_s=180)
     # The ranks run at niceness 0, as horovodrun's do (Ray's default for workers is 15).

@@ -178,6 +178,7 @@ def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
         time.sleep(5)
         (tmp_path / "go").touch()
         run.thread.join(240)
+        assert not run.thread.is_alive(), "run() did not end within 240 s"
         assert "error" not in run.outcome, run.outcome.get("error")
     finally:
         executor.stop()

@@ -1,9 +1,9 @@
 """A Ray cluster whose worker nodes Ray's own autoscaler launches and removes, on this
 machine: ``ray start --head`` with Ray's fake multi-node provider, each "node" an extra
 raylet. ``ray.cluster_utils.AutoscalingCluster`` would do it, but the installed Ray lacks
-the config file it reads, and its start runs ``ray stop --force``, which ends every Ray on
-the machine. This one is started in a session of its own and ended by the pids of that
-session: nothing else is touched."""
+the config file it reads, and its start first stops every Ray instance on the machine.
+This one is started in a session of its own and ended by the pids of that session:
+nothing else is touched."""
 
 from __future__ import annotations
 

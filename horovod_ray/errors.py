@@ -119,6 +119,17 @@ class HangError(WorkerFailedError):
         return (type(self), (self.failures, str(self), self.missing, self.waiting))
 
 
+class NodeDrainingError(WorkerFailedError):
+    """Ray began draining a node that ranks of a static job run on (a spot node about to
+    be preempted, a node taken back): the job was stopped then, not when the node died.
+    A static job cannot leave a node; ``run(max_restarts=N)`` starts it again on the
+    nodes that stay, and an elastic job leaves such a node at a ``commit()``.
+
+    Attributes:
+        failures: World rank -> its node, and the seconds left to the drain's deadline.
+    """
+
+
 class RankError(HorovodRayError):
     """What a rank's function raised, as the driver receives it: the exception's type,
     message and traceback as text, and the exception itself still pickled.

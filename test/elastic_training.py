@@ -5,7 +5,9 @@ Each step allreduces a one and records ``(step, size, sum)`` in the committed st
 the final history shows every step exactly once and the world size it ran at. Every rank
 logs ``{"step", "size"}`` (only rank 0's reach the callbacks). Rank 0 writes its latest
 step and size to ``progress`` (the test watches it); the loop ends once ``finish`` exists,
-a decision every rank takes together (a broadcast from rank 0).
+a decision every rank takes together (a broadcast from rank 0). The result's ``begun`` lists
+each step this rank began, kept outside the state: a rollback shows there as a step begun
+twice.
 """
 
 from __future__ import annotations
@@ -93,9 +95,12 @@ def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> d
 def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict:
     """The elastic loop, with ``hvd`` the framework's horovod module."""
 
+    begun: list[int] = []
+
     @hvd.elastic.run
     def loop(state):
         while state.step < max_steps:
+            begun.append(state.step)
             value = step()
             # Rebound, not appended in place: restore() must roll the list back too.
             state.history = [*state.history, (state.step, hvd.size(), value)]
@@ -115,7 +120,7 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
         return state.history
 
     history = loop(state)
-    return {"rank": hvd.rank(), "size": hvd.size(), "history": history}
+    return {"rank": hvd.rank(), "size": hvd.size(), "history": history, "begun": begun}
 
 
 def grow_after_a_slow_start(folder: str, until: int = 0, steps: int = 300) -> list[int]:

@@ -1,6 +1,6 @@
-"""Where an elastic job may run: Ray's node table as horovod's host discovery (narrowed,
-if the user gives one, by their own discovery's hosts), and the request to Ray's
-autoscaler for the room the job still lacks."""
+"""Where an elastic job may run: Ray's node table as horovod's host discovery (less the
+nodes Ray is draining, narrowed, if the user gives one, by their own discovery's hosts),
+and the request to Ray's autoscaler for the room the job still lacks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 import ray
 from horovod.runner.elastic.discovery import HostDiscovery
 
+from horovod_ray.job import draining
 from horovod_ray.job.layouts import ElasticLayout
 from horovod_ray.job.placement import nodes_named
 
@@ -41,6 +42,11 @@ def node_slots(
         if fits > 0:
             slots[node["NodeID"]] = fits
     return slots
+
+
+def staying(nodes: Iterable[Mapping[str, Any]], leaving: Mapping[str, float]) -> list[dict]:
+    """Ray's node table less the nodes in ``leaving`` (draining: they go soon). Pure."""
+    return [dict(n) for n in nodes if n.get("NodeID") not in leaving]
 
 
 def addresses_with_room(
@@ -88,8 +94,10 @@ def narrow(
 class NodeDiscovery(HostDiscovery):
     """horovod's host discovery over Ray's node table, read at most every ``interval_s``.
 
-    With ``hosts`` (the user's ``HostDiscovery``, asked as often), only the nodes it names
-    are used, each with at most the slots it gives.
+    A node that Ray drains is left out from then on: horovod's driver sees its host
+    removed and tells the ranks at their next ``commit()``, so the job re-forms without it
+    before it dies, rolling nothing back. With ``hosts`` (the user's ``HostDiscovery``,
+    asked as often), only the nodes it names are used, each with at most the slots it gives.
     """
 
     def __init__(
@@ -106,12 +114,13 @@ class NodeDiscovery(HostDiscovery):
         self._hosts = hosts
         self._driver_node_id = ray.get_runtime_context().get_node_id()
         self._unknown: set[str] = set()
+        self._drained: set[str] = set()
         self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         read_at, slots = self._last
         if time.monotonic() - read_at >= self._interval_s:
-            nodes = ray.nodes()
+            nodes = self._staying_nodes()
             slots = node_slots(nodes, self._per_worker, self._only_ip)
             if self._hosts is not None:
                 wanted = self._hosts.find_available_hosts_and_slots()
@@ -121,6 +130,22 @@ class NodeDiscovery(HostDiscovery):
                 self._unknown.update(unknown)
             self._last = (time.monotonic(), slots)
         return dict(slots)
+
+    def drained(self, node_id: str) -> bool:
+        """Whether the node was seen draining (and so left out)."""
+        return node_id in self._drained
+
+    def _staying_nodes(self) -> list[dict]:
+        nodes, leaving = ray.nodes(), draining.draining_nodes()
+        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
+        for node_id in sorted(set(leaving) & alive - self._drained):
+            logger.info(
+                "elastic job: node %s is draining (%s): its ranks leave at their next commit()",
+                node_id[:12],
+                draining.describe(leaving[node_id]),
+            )
+        self._drained.update(leaving)
+        return staying(nodes, leaving)
 
 
 class AutoscalerRequest:

@@ -26,8 +26,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray.errors import HorovodRayError
 from horovod_ray.failures import attribution, probe
-from horovod_ray.job import bringup, elastic_driver
-from horovod_ray.job.discovery import AutoscalerRequest, NodeDiscovery, addresses_with_room
+from horovod_ray.job import bringup, draining, elastic_driver
+from horovod_ray.job.discovery import (
+    AutoscalerRequest,
+    NodeDiscovery,
+    addresses_with_room,
+    staying,
+)
 from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.job.lifecycle import RUN_TRANSITIONS, Lifecycle, RunState
 from horovod_ray.rank import logs, network, priority
@@ -40,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 STOP_JOIN_S = 10.0  # longest a stopped run waits for horovod's driver thread to end
 DELIVER_S = 0.1  # how often the run's own thread hands rank 0's dicts to the callbacks
+REMOVED_FROM_JOB = "has been removed from elastic job"  # horovod's refusal of a left host's rank
 
 
 @dataclasses.dataclass
@@ -85,6 +91,7 @@ class ElasticRun:
         self._driver: elastic_driver.Driver | None = None
         self._server: RendezvousServer | None = None
         self._call: tuple[ray.ObjectRef, bytes | None] | None = None
+        self._discovery: NodeDiscovery | None = None
         self._local = True
         self._common_env: dict[str, str] = {}
 
@@ -133,10 +140,12 @@ class ElasticRun:
         layout = self._layout
         driver_ip = ray.util.get_node_ip_address()
         # A job whose every node with room is on the driver's machine stays there.
-        self._local = bringup.is_local(addresses_with_room(ray.nodes(), per_rank), driver_ip)
+        nodes = staying(ray.nodes(), draining.draining_nodes())
+        self._local = bringup.is_local(addresses_with_room(nodes, per_rank), driver_ip)
         bind = bringup.bind_address(self._local, driver_ip)
         only_ip = driver_ip if self._local else None
         discovery = NodeDiscovery(per_rank, only_ip, layout.discovery_interval_s, layout.discovery)
+        self._discovery = discovery
         with self._lock:
             if not self._state.transition([RunState.CREATED], RunState.RUNNING):
                 raise HorovodRayError("the elastic run was ended by stop()")
@@ -262,6 +271,9 @@ class ElasticRun:
             logger.info("elastic job: the rank %s was let go", where)
             return 1, time.time()
         except Exception as err:  # noqa: BLE001 - horovod counts the exit code
+            if self._left(slot, err):
+                logger.info("elastic job: the rank %s left with its node", where)
+                return 1, time.time()
             with self._lock:
                 reset = len(self._outcome.worlds) - 1
                 self._outcome.failures[reset, slot.rank] = probe.describe(err, where)
@@ -273,6 +285,13 @@ class ElasticRun:
                 self._actors.pop(key, None)
             if actor is not None:
                 bringup.kill([actor])
+
+    def _left(self, slot: SlotInfo, err: Exception) -> bool:
+        """Whether a rank ended because its node left the job (Ray drains it, or the user's
+        discovery dropped it), not because it failed: horovod refuses such a rank a place
+        in the next world, and it exits."""
+        drained = self._discovery is not None and self._discovery.drained(slot.hostname)
+        return drained or REMOVED_FROM_JOB in probe.text_of(err)
 
     def _set_up_and_call(
         self, actor: Any, slot: SlotInfo, key: int, facts: NodeFacts, check: Callable[[], None]

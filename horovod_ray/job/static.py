@@ -28,7 +28,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError, WorkerFailedError
 from horovod_ray.failures import attribution, probe
-from horovod_ray.job import bringup, placement
+from horovod_ray.job import bringup, draining, placement
 from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank import calls, logs, network, priority
 from horovod_ray.rank.assignment import RankInfo, WorkerRecord, assign_ranks
@@ -267,14 +267,17 @@ class StaticJob:
         actors = self.actors if all_ranks else self.actors[:1]
         refs = [calls.send(actor, message) for actor in actors]
         started = time.monotonic()
+        check = draining.Watch({m.node.node_id for m in self.members}).check
         try:
             if callbacks:
-                results = logs.collect(actors[0], refs, logs.to_all(callbacks), message.call_id)
+                deliver = logs.to_all(callbacks)
+                results = logs.collect(actors[0], refs, deliver, message.call_id, check)
             else:
-                # ray.get returns as soon as any of the refs holds an error.
-                results = ray.get(refs)
+                results = logs.wait_all(refs, check)
         except ray.exceptions.RayError:
             self._fail(refs, time.monotonic() - started, failing)
+        except draining.LeavingError as drain:
+            self._leave(refs, drain.leaving, failing)
         if all_ranks:
             self._dispatcher.completed(call, message)
         return results
@@ -324,6 +327,20 @@ class StaticJob:
             error = attribution.error_for(attribution.attribute(snapshot), timeout_s)
         self._release_failed(refs)
         raise error from first
+
+    def _leave(
+        self, refs: list[ray.ObjectRef], leaving: dict[str, float], failing: Callable[[], bool]
+    ) -> None:
+        """Stops the job at once because Ray drains one of its nodes; raises
+        NodeDrainingError naming the ranks there (a static job cannot leave a node)."""
+        if not failing():
+            self._release_failed(refs)
+            raise HorovodRayError("the job was stopped while the call ran")
+        where = {m.rank.world_rank: (m.node.where, m.node.node_id) for m in self.members}
+        error = draining.static_job_error(where, leaving)
+        logger.warning("%s", str(error).splitlines()[0])
+        self._release_failed(refs)
+        raise error
 
     def _release_failed(self, refs: list[ray.ObjectRef]) -> None:
         """Releases the job at once, then reads every rank's outcome of the failed call,

@@ -216,6 +216,22 @@ def collect(
     return ray.get(refs)
 
 
+def wait_all(refs: list[ray.ObjectRef], check: Callable[[], None]) -> list[Any]:
+    """Every ref's value, as :func:`collect` without a channel to poll: ``check`` is
+    called between waits of up to ``CHECK_S``.
+
+    Raises:
+        ray.exceptions.RayError: As soon as any ref holds an error.
+    """
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=CHECK_S)
+        if ready:
+            ray.get(ready)  # raises at once when that rank failed
+        check()
+    return ray.get(refs)
+
+
 def remaining(rank0: Any, poll: ray.ObjectRef | None, call_id: int) -> list[dict]:
     """Rank 0's last dicts of call ``call_id``, once that call has returned.
 

@@ -16,7 +16,7 @@ import ray
 from horovod_ray import RayExecutor
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.rank import logs
-from test.conftest import start_cluster, stop_ray
+from test.conftest import drain_node, same_on_every_rank, start_cluster, stop_ray
 from test.elastic_training import grow_after_a_slow_start, train, train_keras
 
 pytestmark = pytest.mark.timeout(600)
@@ -150,6 +150,50 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
         r"elastic job: rank \d+ on node (\w+) \(.*\), local rank \d ended", caplog.text
     )
     assert set(ended) == {lost.node_id[:12]}, caplog.text
+
+
+def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_path, caplog):
+    """A node drained with a deadline (a spot preemption announced) is left before it dies:
+    its ranks go at the next commit() through horovod's host update, the others go on from
+    that commit, and no step is begun twice on any rank (a node killed without notice
+    makes the survivors roll back to their last commit and do its step again)."""
+    caplog.set_level(logging.INFO, logger="horovod_ray.job")
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    executor.start()
+    try:
+        run = _Run(executor, tmp_path)
+        _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
+        leaving = run.changes()[0]["nodes_added"][-1]
+        drain_node(cluster.address, leaving, deadline_s=300)
+        _wait_for(lambda: run.sizes()[-1] == 4, 120, "the world to shrink", run)
+        shrunk_at = _progress(tmp_path)[0]
+        _wait_for(_at(tmp_path, shrunk_at + 3, 4), 120, "steps at 4 ranks", run)
+        (tmp_path / "finish").touch()
+        run.thread.join(120)
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+        # The drained node exits once its ranks have left; the next tests want three.
+        gone = [n for n in cluster.worker_nodes if n.node_id == leaving]
+        for node in gone:
+            cluster.remove_node(node)
+        while len(cluster.worker_nodes) < 3:
+            cluster.add_node(num_cpus=2)
+    results = run.outcome["results"]
+    assert [r["rank"] for r in results] == list(range(4))
+    history = same_on_every_rank(results, "history")
+    steps = [step for step, _, _ in history]
+    assert steps == list(range(len(steps)))
+    sizes = [size for _, size, _ in history]
+    assert sizes[0] == 6 and sizes[-1] == 4 and sorted(sizes, reverse=True) == sizes
+    for result in results:  # nothing rolled back: each step begun once, on every rank
+        assert len(result["begun"]) == len(set(result["begun"])), result["begun"]
+    change = next(e for e in run.changes() if e["size_before"] == 6 and e["size_after"] == 4)
+    assert change["nodes_removed"] == [leaving]
+    assert f"node {leaving[:12]} is draining (deadline in" in caplog.text
+    # Its ranks left as horovod tells a removed host's ranks to, not as failures.
+    assert not re.search(r"elastic job: rank \d+ on node \w+ .* ended", caplog.text), caplog.text
 
 
 def _alive_worker_nodes() -> int:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import importlib
 import logging
+import pickle
 
 import pytest
 from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.discovery import FixedHosts
 
+import horovod_ray
 from horovod_ray import RayExecutor
 from horovod_ray.errors import ConfigError, ExecutorStateError
-from horovod_ray.job.discovery import narrow, node_slots
+from horovod_ray.job import draining
+from horovod_ray.job.discovery import narrow, node_slots, staying
 from horovod_ray.job.elastic_driver import rank_info
 from horovod_ray.job.layouts import ElasticLayout
 from horovod_ray.rank.assignment import RankInfo, membership_change
@@ -51,6 +54,40 @@ def _world(hosts: list[tuple[str, int]]) -> list[RankInfo]:
             slots.append(rank_info(SlotInfo(host, rank, local, 0, size, count, 1)))
             rank += 1
     return slots
+
+
+def test_draining_nodes_are_left_out_of_the_slots():
+    nodes = [_node("a", 2), _node("b", 2), _node("c", 2)]
+    left = staying(nodes, {"b": 30.0})
+    assert [n["NodeID"] for n in left] == ["a", "c"]
+    assert node_slots(left, {"CPU": 1.0}) == {"a": 2, "c": 2}
+    assert staying(nodes, {}) == nodes
+
+
+def test_draining_deadlines_become_seconds_left():
+    now = 1_000.0
+    deadlines = {"soon": 1_030_000, "none": 0, "past": 990_000}
+    assert draining.seconds_left(deadlines, now) == {
+        "soon": 30.0,
+        "none": float("inf"),
+        "past": 0.0,
+    }
+    assert draining.describe(30.4) == "deadline in 30 s"
+    assert draining.describe(float("inf")) == "no deadline"
+
+
+def test_a_static_jobs_draining_error_names_the_ranks_on_draining_nodes():
+    ranks = {0: ("on node aaa", "a"), 1: ("on node bbb", "b"), 2: ("on node bbb", "b")}
+    error = draining.static_job_error(ranks, {"b": 42.0, "z": 1.0})
+    assert error.failures == {
+        1: "on node bbb, which Ray is draining (deadline in 42 s)",
+        2: "on node bbb, which Ray is draining (deadline in 42 s)",
+    }
+    text = str(error)
+    assert text.startswith("Ray is draining a node of the job")
+    assert "max_restarts" in text and "--- rank 2: on node bbb" in text
+    assert isinstance(error, horovod_ray.WorkerFailedError)  # so run(max_restarts) retries
+    assert pickle.loads(pickle.dumps(error)).failures == error.failures
 
 
 def test_membership_change_names_nodes_and_ranks():

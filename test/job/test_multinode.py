@@ -3,10 +3,17 @@ Horovod collectives: the ranks Horovod reports must be the ones the executor ass
 
 from __future__ import annotations
 
-import pytest
+import os
+import threading
+import time
+from pathlib import Path
 
-from horovod_ray import PlacementTimeoutError, RayExecutor
-from test.conftest import start_cluster, stop_ray
+import pytest
+import ray
+
+import horovod_ray
+from horovod_ray import NodeDrainingError, PlacementTimeoutError, RayExecutor
+from test.conftest import drain_node, start_cluster, stop_ray
 from test.test_executor import horovod_identity
 
 pytestmark = pytest.mark.timeout(240)
@@ -75,3 +82,86 @@ def test_more_hosts_than_nodes_times_out(uneven_cluster):
     settings = RayExecutor.create_settings(placement_group_timeout_s=1)
     with pytest.raises(PlacementTimeoutError, match="STRICT_SPREAD"):
         RayExecutor(settings, num_hosts=4).start()
+
+
+def _wait_for_finish(folder: str) -> tuple[int, str, int]:
+    """(attempt, node, rank). The first attempt writes ``started.<rank>`` (its node id) and
+    waits for ``folder/finish``; a restarted one returns at once."""
+    node = ray.get_runtime_context().get_node_id()
+    rank = int(os.environ["HOROVOD_RANK"])
+    if horovod_ray.attempt() == 0:
+        Path(folder, f"started.{rank}").write_text(node)
+        while not Path(folder, "finish").exists():
+            time.sleep(0.1)
+    return horovod_ray.attempt(), node, rank
+
+
+class _Preemption:
+    """Once every rank has started, drains the node of a rank off the driver's node (a
+    cloud's preemption notice, 300 s ahead); lets the ranks finish 60 s later whatever
+    happened, so a job that does not react returns instead of hanging."""
+
+    def __init__(self, cluster, folder: Path, num_ranks: int) -> None:
+        self.node_id: str | None = None
+        self._cluster, self._folder, self._num_ranks = cluster, folder, num_ranks
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        head = ray.get_runtime_context().get_node_id()
+        deadline = time.monotonic() + 120
+        while len(list(self._folder.glob("started.*"))) < self._num_ranks:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+        nodes = {p.read_text() for p in self._folder.glob("started.*")}
+        self.node_id = sorted(nodes - {head})[0]
+        drain_node(self._cluster.address, self.node_id, deadline_s=300)
+        time.sleep(60)
+        (self._folder / "finish").touch()
+
+    def end(self) -> None:
+        """Waits for the drain, then puts a fresh node in place of the drained one (the
+        drained node exits once nothing runs on it)."""
+        self._thread.join(0 if self.node_id else 150)
+        (self._folder / "finish").touch()
+        for node in [n for n in self._cluster.worker_nodes if n.node_id == self.node_id]:
+            cpus = node._ray_params.num_cpus  # noqa: SLF001 - the spec it was added with
+            self._cluster.remove_node(node)
+            self._cluster.add_node(num_cpus=cpus)
+
+
+def test_a_static_job_on_a_draining_node_stops_at_once_naming_it(uneven_cluster, tmp_path):
+    """A static job cannot leave a node: when Ray drains one of its nodes it stops then,
+    with NodeDrainingError naming the ranks there, not when the node dies."""
+    executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=1)
+    executor.start()
+    preemption = _Preemption(uneven_cluster, tmp_path, 2)
+    try:
+        ranks = {info.world_rank: info.node_id for info in executor.ranks}
+        with pytest.raises(NodeDrainingError) as raised:
+            executor.run(_wait_for_finish, args=(str(tmp_path),))
+        assert not (tmp_path / "finish").exists()  # stopped before the ranks were let go
+    finally:
+        executor.stop()
+        preemption.end()
+    there = [rank for rank, node in ranks.items() if node == preemption.node_id]
+    assert list(raised.value.failures) == there
+    text = str(raised.value)
+    assert f"on node {preemption.node_id[:12]}" in text
+    assert "which Ray is draining (deadline in" in text and "max_restarts" in text
+
+
+def test_run_with_restarts_starts_again_off_a_draining_node(uneven_cluster, tmp_path):
+    """run(max_restarts=1): the attempt on a draining node is stopped, and the next one
+    is placed on the nodes that stay."""
+    preemption = _Preemption(uneven_cluster, tmp_path, 2)
+    try:
+        results = horovod_ray.run(
+            _wait_for_finish, args=(str(tmp_path),), num_hosts=2, num_slots=1, max_restarts=1
+        )
+        assert not (tmp_path / "finish").exists()
+    finally:
+        preemption.end()
+    assert [attempt for attempt, _, _ in results] == [1, 1]
+    assert preemption.node_id not in {node for _, node, _ in results}

@@ -1,0 +1,118 @@
+"""Nodes that Ray is draining: a spot node about to be preempted, an idle node the
+autoscaler takes back, a node drained by hand (``ray drain-node``). Ray announces them
+with a deadline, before the node dies; a job reads them here and leaves such a node in time.
+
+An elastic job's discovery leaves a draining node out, so horovod's driver tells the ranks
+at their next ``commit()`` and the job re-forms without that node and without a rollback.
+A static job cannot re-form: it fails with :class:`~horovod_ray.errors.NodeDrainingError`
+as soon as one of its nodes drains, instead of waiting for the node to die.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Mapping
+
+import ray
+
+from horovod_ray.errors import NodeDrainingError
+
+logger = logging.getLogger(__name__)
+
+CHECK_S = 1.0  # how often a static job's call asks whether one of its nodes drains
+
+
+def draining_nodes() -> dict[str, float]:
+    """The draining nodes and the seconds left to each one's deadline (inf: none given).
+
+    Ray has no public call for it; this reads the GCS as Ray Serve and Ray Data do. On a
+    Ray without that call, no node is ever seen draining (logged once): jobs then learn of
+    a node's end when it dies.
+    """
+    try:
+        deadlines = ray._private.state.state.get_draining_nodes()  # noqa: SLF001
+    except AttributeError:
+        _warn_once("this Ray cannot tell which nodes are draining; they are used to the end")
+        return {}
+    except Exception:  # noqa: BLE001 - a GCS hiccup: read again next time
+        logger.debug("reading the draining nodes failed", exc_info=True)
+        return {}
+    return seconds_left(deadlines, time.time())
+
+
+def seconds_left(deadlines: Mapping[str, int], now_s: float) -> dict[str, float]:
+    """Node id -> seconds from ``now_s`` to its deadline (GCS's ms since the epoch, where 0
+    means none: inf), never below 0. Pure."""
+    return {
+        node_id: math.inf if deadline_ms == 0 else max(0.0, deadline_ms / 1000 - now_s)
+        for node_id, deadline_ms in deadlines.items()
+    }
+
+
+class LeavingError(Exception):
+    """Raised by :meth:`Watch.check`: node id -> seconds left to its deadline."""
+
+    def __init__(self, leaving: dict[str, float]) -> None:
+        super().__init__(leaving)
+        self.leaving = leaving
+
+
+class Watch:
+    """Whether any of a job's nodes drains, asked of the GCS at most every ``interval_s``."""
+
+    def __init__(self, node_ids: set[str], interval_s: float = CHECK_S) -> None:
+        self._node_ids, self._interval_s = set(node_ids), interval_s
+        self._read_at = time.monotonic()  # a call's first second asks nothing
+
+    def draining(self) -> dict[str, float]:
+        """The job's nodes that drain, with the seconds left to each one's deadline."""
+        if time.monotonic() - self._read_at < self._interval_s:
+            return {}
+        self._read_at = time.monotonic()
+        return {n: s for n, s in draining_nodes().items() if n in self._node_ids}
+
+    def check(self) -> None:
+        """Raises :class:`LeavingError` once one of the nodes drains (a call's waits call it)."""
+        leaving = self.draining()
+        if leaving:
+            raise LeavingError(leaving)
+
+
+def static_job_error(
+    ranks: Mapping[int, tuple[str, str]], leaving: Mapping[str, float]
+) -> NodeDrainingError:
+    """The error of a static job stopped because Ray drains some of its nodes. Pure.
+
+    Args:
+        ranks: World rank -> (where it runs, for messages; its node id).
+        leaving: The draining nodes -> seconds left to each one's deadline.
+    """
+    failures = {
+        rank: f"{where}, which Ray is draining ({describe(leaving[node_id])})"
+        for rank, (where, node_id) in sorted(ranks.items())
+        if node_id in leaving
+    }
+    heading = (
+        "Ray is draining a node of the job (a preemption, or a node taken back); the job "
+        "was stopped now rather than when the node dies. A static job cannot leave a "
+        "node: run(max_restarts=N) starts it again on the nodes that stay, and an elastic "
+        "job (min_workers=...) leaves such a node at a commit()."
+    )
+    lines = [heading, *(f"--- rank {rank}: {what}" for rank, what in failures.items())]
+    return NodeDrainingError(failures, "\n".join(lines))
+
+
+def describe(seconds: float) -> str:
+    """``deadline in 30 s``, or ``no deadline``."""
+    return "no deadline" if math.isinf(seconds) else f"deadline in {seconds:.0f} s"
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)

@@ -1,12 +1,15 @@
-"""A Ray cluster whose worker nodes Ray's own autoscaler launches and removes, on this
-machine: ``ray start --head`` with Ray's fake multi-node provider, each "node" an extra
-raylet. ``ray.cluster_utils.AutoscalingCluster`` would do it, but the installed Ray lacks
-the config file it reads, and its start first stops every Ray instance on the machine.
+"""What a cloud does to a Ray cluster, on this machine: a node drained before a
+preemption (:func:`drain_node`), and a cluster whose worker nodes Ray's own autoscaler
+launches and removes: ``ray start --head`` with Ray's fake multi-node provider, each
+"node" an extra raylet. ``ray.cluster_utils.AutoscalingCluster`` would do it, but the
+installed Ray lacks the config file it reads, and its start first stops every Ray
+instance on the machine.
 This one is started in a session of its own and ended by the pids of that session:
 nothing else is touched."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,9 +20,42 @@ import tempfile
 import time
 from pathlib import Path
 
+import ray
 import ray._private.services
 
 RAY = Path(sys.executable).parent / "ray"
+
+
+def standing_request() -> list[dict]:
+    """Ray's standing autoscaler request (``request_resources``), read as the autoscaler
+    (v1, this suite's) reads it."""
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return json.loads(raw) if raw else []
+
+
+def drain_node(gcs_address: str, node_id: str, deadline_s: float | None) -> None:
+    """Drains a node as a cloud integration does before a spot preemption (the call behind
+    ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``). Ray then schedules nothing
+    new there; a node with nothing left on it exits."""
+    from ray.core.generated import autoscaler_pb2
+
+    deadline_ms = 0 if deadline_s is None else int((time.time() + deadline_s) * 1000)
+    accepted, why = ray._raylet.GcsClient(address=gcs_address).drain_node(
+        node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        "a test preempts it",
+        deadline_ms,
+    )
+    assert accepted, why
+
+
+def alive_worker_nodes() -> int:
+    """The alive nodes with CPUs (the heads of these tests have none)."""
+    return sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU"))
+
 
 CONFIG = """\
 cluster_name: horovod-ray-test

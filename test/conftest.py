@@ -86,22 +86,6 @@ def start_cluster(cpus_per_node: list[int]) -> ray.cluster_utils.Cluster:
     return cluster
 
 
-def drain_node(gcs_address: str, node_id: str, deadline_s: float | None) -> None:
-    """Drains a node as a cloud integration does before a spot preemption (the call behind
-    ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``). Ray then schedules nothing
-    new there; a node with nothing left on it exits."""
-    from ray.core.generated import autoscaler_pb2
-
-    deadline_ms = 0 if deadline_s is None else int((time.time() + deadline_s) * 1000)
-    accepted, why = ray._raylet.GcsClient(address=gcs_address).drain_node(
-        node_id,
-        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-        "a test preempts it",
-        deadline_ms,
-    )
-    assert accepted, why
-
-
 def stop_ray() -> None:
     """Shuts down whatever Ray this process holds (a later fixture starts its own)."""
     _shutdown()

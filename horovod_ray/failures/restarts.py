@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Callable
 
-from horovod_ray.errors import HangError, WorkerFailedError
+from horovod_ray.errors import HangError, NodeDrainingError, WorkerFailedError
 
 logger = logging.getLogger(__name__)
 
@@ -77,4 +77,6 @@ def spent(causes: list[WorkerFailedError]) -> WorkerFailedError:
     last = causes[-1]
     if isinstance(last, HangError):  # what the last attempt was stays visible
         return HangError(last.failures, message, last.missing, last.waiting)
+    if isinstance(last, NodeDrainingError):
+        return NodeDrainingError(last.failures, message)
     return WorkerFailedError(last.failures, message)

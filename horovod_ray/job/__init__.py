@@ -3,7 +3,9 @@
 Open ``kinds`` for the protocol both kinds share, ``static`` for a fixed set of ranks,
 ``elastic`` and ``elastic_run`` for a world horovod's elastic driver decides
 (``elastic_driver`` holds every use of that driver, ``discovery`` the Ray nodes it may
-use), ``layouts`` for what the ranks are, ``placement`` for the placement group and its
-bundles, ``bringup`` for how each rank is started (the same path for both kinds), and
-``lifecycle`` for the states and the moves between them.
+use, ``demand`` its request to Ray's autoscaler), ``draining`` for the nodes Ray is
+about to take away (both kinds leave them), ``layouts`` for what the ranks are,
+``placement`` for the placement group and its bundles, ``bringup`` for how each rank is
+started (the same path for both kinds), and ``lifecycle`` for the states and the moves
+between them.
 """

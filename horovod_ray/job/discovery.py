@@ -1,6 +1,6 @@
 """Where an elastic job may run: Ray's node table as horovod's host discovery (less the
-nodes Ray is draining, narrowed, if the user gives one, by their own discovery's hosts),
-and the request to Ray's autoscaler for the room the job still lacks."""
+nodes Ray is draining, narrowed, if the user gives one, by their own discovery's hosts).
+The autoscaler is asked for the room the job still lacks in ``demand``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import ray
 from horovod.runner.elastic.discovery import HostDiscovery
 
 from horovod_ray.job import draining
-from horovod_ray.job.layouts import ElasticLayout
 from horovod_ray.job.placement import nodes_named
 
 logger = logging.getLogger(__name__)
@@ -44,8 +43,9 @@ def node_slots(
     return slots
 
 
-def staying(nodes: Iterable[Mapping[str, Any]], leaving: Mapping[str, float]) -> list[dict]:
+def staying(nodes: Iterable[Mapping[str, Any]], leaving: Iterable[str]) -> list[dict]:
     """Ray's node table less the nodes in ``leaving`` (draining: they go soon). Pure."""
+    leaving = set(leaving)
     return [dict(n) for n in nodes if n.get("NodeID") not in leaving]
 
 
@@ -120,9 +120,11 @@ class NodeDiscovery(HostDiscovery):
     def find_available_hosts_and_slots(self) -> dict[str, int]:
         read_at, slots = self._last
         if time.monotonic() - read_at >= self._interval_s:
-            nodes = self._staying_nodes()
-            slots = node_slots(nodes, self._per_worker, self._only_ip)
+            nodes = ray.nodes()
+            self._note_draining(draining.draining_nodes(), slots)
+            slots = node_slots(staying(nodes, self._drained), self._per_worker, self._only_ip)
             if self._hosts is not None:
+                # Names are matched against every node, draining ones included.
                 wanted = self._hosts.find_available_hosts_and_slots()
                 slots, unknown = narrow(slots, wanted, nodes, self._driver_node_id)
                 for host in sorted(set(unknown) - self._unknown):
@@ -132,51 +134,16 @@ class NodeDiscovery(HostDiscovery):
         return dict(slots)
 
     def drained(self, node_id: str) -> bool:
-        """Whether the node was seen draining (and so left out)."""
+        """Whether the node was seen draining (and so left out from then on)."""
         return node_id in self._drained
 
-    def _staying_nodes(self) -> list[dict]:
-        nodes, leaving = ray.nodes(), draining.draining_nodes()
-        alive = {n["NodeID"] for n in nodes if n.get("Alive")}
-        for node_id in sorted(set(leaving) & alive - self._drained):
+    def _note_draining(self, leaving: Mapping[str, float], used: Mapping[str, int]) -> None:
+        """Keeps the draining nodes (a failed read, which gives none, forgets none), and
+        says so once for each that the job was using."""
+        for node_id in sorted(set(leaving) & set(used) - self._drained):
             logger.info(
                 "elastic job: node %s is draining (%s): its ranks leave at their next commit()",
                 node_id[:12],
                 draining.describe(leaving[node_id]),
             )
         self._drained.update(leaving)
-        return staying(nodes, leaving)
-
-
-class AutoscalerRequest:
-    """Asks Ray's autoscaler for room for ``max_workers`` ranks; withdrawn at the end.
-
-    ``request_resources`` is one standing request for the cluster's total size (each call
-    replaces the last), so it covers the ranks already running and the missing ones.
-    Without ``max_workers``, it asks for ``min_workers``.
-    """
-
-    def __init__(self, layout: ElasticLayout, per_rank: dict[str, float]) -> None:
-        wanted = layout.max_workers or layout.min_workers
-        self._bundles = [per_rank] * wanted
-        self._asked = False
-
-    def ask(self) -> None:
-        from ray.autoscaler.sdk import request_resources
-
-        try:
-            request_resources(bundles=self._bundles)
-            self._asked = True
-        except Exception:  # noqa: BLE001 - a hint; the job runs on what there is
-            logger.warning("could not ask the autoscaler for room", exc_info=True)
-
-    def withdraw(self) -> None:
-        if not self._asked:
-            return
-        from ray.autoscaler.sdk import request_resources
-
-        try:
-            request_resources(bundles=[])
-        except Exception:  # noqa: BLE001 - Ray already gone
-            logger.debug("withdrawing the autoscaler request failed", exc_info=True)
-        self._asked = False

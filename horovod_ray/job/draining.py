@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from typing import Mapping
 
@@ -20,23 +21,28 @@ import ray
 from horovod_ray.errors import NodeDrainingError
 
 logger = logging.getLogger(__name__)
+_warned = threading.Event()  # a failure to read the draining nodes has been said
 
-CHECK_S = 1.0  # how often a static job's call asks whether one of its nodes drains
+READ_EVERY_S = 1.0  # how often a static job asks whether one of its nodes drains
 
 
 def draining_nodes() -> dict[str, float]:
     """The draining nodes and the seconds left to each one's deadline (inf: none given).
 
-    Ray has no public call for it; this reads the GCS as Ray Serve and Ray Data do. On a
-    Ray without that call, no node is ever seen draining (logged once): jobs then learn of
-    a node's end when it dies.
+    Ray has no public call for it; this reads the GCS as Ray Serve and Ray Data do. Where
+    that fails (a Ray without the call, a Ray Client driver, a GCS hiccup), no node is
+    seen draining, said once at WARNING: jobs then learn of a node's end when it dies.
     """
     try:
         deadlines = ray._private.state.state.get_draining_nodes()  # noqa: SLF001
-    except AttributeError:
-        _warn_once("this Ray cannot tell which nodes are draining; they are used to the end")
-        return {}
-    except Exception:  # noqa: BLE001 - a GCS hiccup: read again next time
+    except Exception as err:  # noqa: BLE001 - said once, then read again next time
+        if not _warned.is_set():
+            _warned.set()
+            logger.warning(
+                "cannot read which Ray nodes are draining (%r); while it fails, jobs learn "
+                "of a node's end when it dies",
+                err,
+            )
         logger.debug("reading the draining nodes failed", exc_info=True)
         return {}
     return seconds_left(deadlines, time.time())
@@ -60,18 +66,26 @@ class LeavingError(Exception):
 
 
 class Watch:
-    """Whether any of a job's nodes drains, asked of the GCS at most every ``interval_s``."""
+    """Whether any of a job's nodes drains, asked of the GCS at most every ``interval_s``
+    over all the job's calls (each call's waits ask it often: short calls in a loop, as
+    ``horovod-ray run`` polls its ranks, are watched as one long call is). Once a node
+    was seen draining, it stays so."""
 
-    def __init__(self, node_ids: set[str], interval_s: float = CHECK_S) -> None:
+    def __init__(self, node_ids: set[str], interval_s: float = READ_EVERY_S) -> None:
         self._node_ids, self._interval_s = set(node_ids), interval_s
-        self._read_at = time.monotonic()  # a call's first second asks nothing
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        self._seen: dict[str, float] = {}
 
     def draining(self) -> dict[str, float]:
-        """The job's nodes that drain, with the seconds left to each one's deadline."""
-        if time.monotonic() - self._read_at < self._interval_s:
-            return {}
-        self._read_at = time.monotonic()
-        return {n: s for n, s in draining_nodes().items() if n in self._node_ids}
+        """The job's nodes that drain, with the seconds left to each one's deadline (as
+        last read)."""
+        with self._lock:
+            if self._node_ids and time.monotonic() - self._read_at >= self._interval_s:
+                self._read_at = time.monotonic()
+                read = draining_nodes()
+                self._seen.update({n: s for n, s in read.items() if n in self._node_ids})
+            return dict(self._seen)
 
     def check(self) -> None:
         """Raises :class:`LeavingError` once one of the nodes drains (a call's waits call it)."""
@@ -107,12 +121,3 @@ def static_job_error(
 def describe(seconds: float) -> str:
     """``deadline in 30 s``, or ``no deadline``."""
     return "no deadline" if math.isinf(seconds) else f"deadline in {seconds:.0f} s"
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)

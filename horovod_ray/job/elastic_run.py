@@ -7,7 +7,7 @@ have how many slots, numbers the ranks, and starts each slot through
 environment, its setup. After a failure or a change of nodes the driver lets the
 survivors roll back to their last commit (``hvd.elastic.run``) and go on: horovod's
 driver decides a node is lost, ``attribution.elastic_error`` how the run ended. Ray's
-autoscaler is asked for the ranks missing below ``max_workers``.
+autoscaler is asked for room for ``max_workers`` ranks (``demand``: beside other jobs').
 """
 
 from __future__ import annotations
@@ -27,12 +27,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from horovod_ray.errors import HorovodRayError
 from horovod_ray.failures import attribution, probe
 from horovod_ray.job import bringup, draining, elastic_driver
-from horovod_ray.job.discovery import (
-    AutoscalerRequest,
-    NodeDiscovery,
-    addresses_with_room,
-    staying,
-)
+from horovod_ray.job.demand import AutoscalerRequest
+from horovod_ray.job.discovery import NodeDiscovery, addresses_with_room, staying
 from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.job.lifecycle import RUN_TRANSITIONS, Lifecycle, RunState
 from horovod_ray.rank import logs, network, priority
@@ -119,6 +115,7 @@ class ElasticRun:
             deliver = logs.to_all(callbacks)
             while thread.is_alive() and self._state.is_in(RunState.RUNNING):
                 self._deliver(deliver)
+                autoscaler.renew()
                 thread.join(DELIVER_S)
             self._deliver(deliver)
             # The run's own end moves it on; stop() from another thread already has.
@@ -289,9 +286,12 @@ class ElasticRun:
     def _left(self, slot: SlotInfo, err: Exception) -> bool:
         """Whether a rank ended because its node left the job (Ray drains it, or the user's
         discovery dropped it), not because it failed: horovod refuses such a rank a place
-        in the next world, and it exits."""
+        in the next world, and its process exits. What the rank's own code raised is a
+        failure even there."""
+        if REMOVED_FROM_JOB in probe.text_of(err):
+            return True
         drained = self._discovery is not None and self._discovery.drained(slot.hostname)
-        return drained or REMOVED_FROM_JOB in probe.text_of(err)
+        return drained and isinstance(err, ray.exceptions.RayActorError)
 
     def _set_up_and_call(
         self, actor: Any, slot: SlotInfo, key: int, facts: NodeFacts, check: Callable[[], None]

@@ -98,6 +98,8 @@ class StaticJob:
         self.held = Held()
         # In world-rank order; set once start() has placed every rank.
         self.members: tuple[Member, ...] = ()
+        # Whether Ray drains one of the members' nodes; asked during calls.
+        self._drains = draining.Watch(set())
         # Seconds start() spent reserving the group, starting the actors, and setting up
         # the ranks' environments (the rendezvous server included).
         self.start_s: dict[str, float] = {}
@@ -136,6 +138,7 @@ class StaticJob:
         self._extra_env, self._executable = extra_env, executable
         try:
             self.members = self._place(check)
+            self._drains = draining.Watch({m.node.node_id for m in self.members})
             began = time.perf_counter()
             envs = self._environments()
             setups = [
@@ -267,7 +270,7 @@ class StaticJob:
         actors = self.actors if all_ranks else self.actors[:1]
         refs = [calls.send(actor, message) for actor in actors]
         started = time.monotonic()
-        check = draining.Watch({m.node.node_id for m in self.members}).check
+        check = self._drains.check
         try:
             if callbacks:
                 deliver = logs.to_all(callbacks)
@@ -340,7 +343,7 @@ class StaticJob:
         error = draining.static_job_error(where, leaving)
         logger.warning("%s", str(error).splitlines()[0])
         self._release_failed(refs)
-        raise error
+        raise error from None
 
     def _release_failed(self, refs: list[ray.ObjectRef]) -> None:
         """Releases the job at once, then reads every rank's outcome of the failed call,

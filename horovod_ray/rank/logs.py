@@ -197,20 +197,18 @@ def collect(
     pending = list(refs)
     while pending:
         ready, _ = ray.wait([poll, *pending], num_returns=1, timeout=poll_s)
-        if check is not None:
-            # Every pass, not only on a timeout: a rank that logs often answers each poll
-            # within it.
-            check()
-        if not ready:
-            continue
-        if ready[0] == poll:
+        if ready and ready[0] == poll:
             items, finished = ray.get(poll)
             for item in items:
                 deliver(item)
             poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
-            continue
-        pending = [ref for ref in pending if ref != ready[0]]
-        ray.get(ready[0])  # raises at once when that rank failed
+        elif ready:
+            pending = [ref for ref in pending if ref != ready[0]]
+            ray.get(ready[0])  # raises at once when that rank failed
+        if check is not None and pending:
+            # Every pass, not only on a timeout: a rank that logs often answers each poll
+            # within it. Not once every rank has returned: the call is done.
+            check()
     for item in remaining(rank0, poll, call_id):
         deliver(item)
     return ray.get(refs)
@@ -221,14 +219,16 @@ def wait_all(refs: list[ray.ObjectRef], check: Callable[[], None]) -> list[Any]:
     called between waits of up to ``CHECK_S``.
 
     Raises:
-        ray.exceptions.RayError: As soon as any ref holds an error.
+        ray.exceptions.RayError: Within ``CHECK_S`` of a ref holding an error.
     """
     pending = list(refs)
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=CHECK_S)
+        # All at once: a short call is one wait (B3); a failed rank is seen within CHECK_S.
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=CHECK_S)
         if ready:
-            ray.get(ready)  # raises at once when that rank failed
-        check()
+            ray.get(ready)  # raises when a rank failed
+        if pending:  # not once every rank has returned: the call is done
+            check()
     return ray.get(refs)
 
 

@@ -16,7 +16,8 @@ import ray
 from horovod_ray import RayExecutor
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.rank import logs
-from test.conftest import drain_node, same_on_every_rank, start_cluster, stop_ray
+from test.autoscaling import alive_worker_nodes, drain_node, standing_request
+from test.conftest import same_on_every_rank, start_cluster, stop_ray
 from test.elastic_training import grow_after_a_slow_start, train, train_keras
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,14 +58,6 @@ def _wait_for(condition, timeout_s: float, what: str, run: _Run | None = None) -
         time.sleep(0.2)
 
 
-def _autoscaler_request() -> list[dict]:
-    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-    return json.loads(raw) if raw else []
-
-
 class _Run:
     """An elastic run() in a thread, its membership events, and its outcome."""
 
@@ -101,7 +94,7 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     try:
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
-        assert _autoscaler_request() == [{"CPU": 1.0}] * 6
+        assert standing_request() == [{"CPU": 1.0}] * 6
         first = run.changes()[0]
         lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
         cluster.remove_node(lost)
@@ -142,7 +135,7 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     logged = run.logged()
     assert len(logged) == len(set(logged)) and {size for _, size in logged} == {4, 6}
     assert max(step for step, _ in logged) == len(steps)
-    assert _autoscaler_request() == []  # withdrawn at the end
+    assert standing_request() == []  # withdrawn at the end
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
     # The lost node's ranks are named with where they ran, and no survivor ended with them
     # (Gloo aborted one, now and then, before patches/*-gloo-unexpected-message.patch).
@@ -161,6 +154,7 @@ def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_pat
     settings = RayExecutor.create_settings(timeout_s=30)
     executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
     executor.start()
+    leaving = None
     try:
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
@@ -196,8 +190,60 @@ def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_pat
     assert not re.search(r"elastic job: rank \d+ on node \w+ .* ended", caplog.text), caplog.text
 
 
-def _alive_worker_nodes() -> int:
-    return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+def test_jobs_autoscaler_requests_add_up_and_keep_another_drivers(cluster):
+    """Ray's request_resources is one standing request for the whole cluster. Each job's
+    demand is added to the other jobs' and to another driver's own request, and taken out
+    alone when the job ends; a driver asking again replaces only its own part. (Each job
+    replaced the whole request before, and cleared it to [] at its end.)"""
+    from ray.autoscaler.sdk import request_resources
+
+    from horovod_ray.job.demand import AutoscalerRequest
+    from horovod_ray.job.layouts import ElasticLayout
+
+    cpu, gpu = {"CPU": 1.0}, {"GPU": 1.0}
+
+    def of(*bundles: dict) -> list[str]:  # in any order, 2 being 2.0
+        return sorted(json.dumps({k: float(v) for k, v in b.items()}) for b in bundles)
+
+    def request() -> list[str]:
+        return of(*standing_request())
+
+    request_resources(bundles=[{"CPU": 2}])  # another driver's
+    first = AutoscalerRequest(ElasticLayout(min_workers=1, max_workers=3), cpu)
+    second = AutoscalerRequest(ElasticLayout(min_workers=1, max_workers=2), gpu)
+    try:
+        first.ask()
+        assert request() == of({"CPU": 2}, cpu, cpu, cpu)
+        second.ask()
+        assert request() == of({"CPU": 2}, cpu, cpu, cpu, gpu, gpu)
+        first.withdraw()
+        assert request() == of({"CPU": 2}, gpu, gpu)
+        request_resources(bundles=[{"CPU": 4}])  # the other driver asks anew
+        second.withdraw()
+        assert request() == of({"CPU": 4})
+    finally:
+        first.withdraw()
+        second.withdraw()
+        request_resources(bundles=[])
+
+
+def test_the_standing_request_is_read_back_from_autoscaler_v2s_constraints(cluster):
+    """Autoscaler v2 keeps request_resources' request in the GCS, grouped by shape; the
+    job reads it back there as bundles (this suite's autoscaler is v1)."""
+    from ray.autoscaler.v2.sdk import request_cluster_resources
+
+    from horovod_ray.job import demand
+
+    address = ray._private.worker.global_worker.gcs_client.address
+    shapes = [{"CPU": 1}, {"GPU": 1, "CPU": 2}, {"CPU": 1}]
+    request_cluster_resources(address, [{"resources": r, "label_selector": {}} for r in shapes])
+    try:
+        read = demand._standing_request_v2()
+    finally:
+        request_cluster_resources(address, [])
+    canonical = [json.dumps({k: float(v) for k, v in r.items()}, sort_keys=True) for r in shapes]
+    assert sorted(json.dumps(r, sort_keys=True) for r in read) == sorted(canonical), read
+    assert demand._standing_request_v2() == []
 
 
 def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
@@ -208,7 +254,7 @@ def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
     patches/horovod-0.28.1-elastic-early-host-update.patch tells it when it registers."""
     for node in list(cluster.worker_nodes)[1:]:
         cluster.remove_node(node)
-    _wait_for(lambda: _alive_worker_nodes() == 1, 60, "one worker node")
+    _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
     settings = RayExecutor.create_settings(timeout_s=30)
     executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
     executor.start()
@@ -218,7 +264,7 @@ def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
         cluster.add_node(num_cpus=2)
         # horovod's driver reads the hosts every second: the new node is seen, and its
         # news skipped (stock horovod) or kept (patched), while rank 0 waits for "go".
-        _wait_for(lambda: _alive_worker_nodes() == 2, 60, "the new node")
+        _wait_for(lambda: alive_worker_nodes() == 2, 60, "the new node")
         time.sleep(5)
         (tmp_path / "go").touch()
         run.thread.join(240)
@@ -294,7 +340,7 @@ def test_below_min_workers_fails_with_the_limit_named(cluster, cpus_per_worker, 
     assert (error.limit, error.wanted, error.available) == ("min_workers", wanted, available)
     assert f"min_workers={wanted}" in str(error) and "elastic_timeout=3s" in str(error)
     executor.stop()
-    assert _autoscaler_request() == []
+    assert standing_request() == []
 
 
 def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
@@ -355,7 +401,7 @@ def test_repeated_runs_leak_nothing(cluster, tmp_path):
     assert after[0] <= before[0], f"threads grew: {before[0]} -> {after[0]}"
     grown = {fd: what for fd, what in after[1].items() if before[1].get(fd) != what}
     assert len(after[1]) <= len(before[1]) + 2, f"fds grew by {len(grown)}: {grown}"
-    assert _autoscaler_request() == []
+    assert standing_request() == []
 
 
 def _open_fds() -> dict[int, str]:
@@ -460,7 +506,7 @@ def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     assert not run.thread.is_alive() and "ended by stop()" in str(run.outcome["error"])
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
     _wait_for(lambda: threading.active_count() <= baseline, 30, "no thread left behind")
-    assert _autoscaler_request() == []
+    assert standing_request() == []
 
 
 def test_cli_elastic_job_on_discovered_nodes_goes_on_when_one_is_lost(cluster, tmp_path):

@@ -13,7 +13,7 @@ from horovod.runner.elastic.discovery import FixedHosts
 import horovod_ray
 from horovod_ray import RayExecutor
 from horovod_ray.errors import ConfigError, ExecutorStateError
-from horovod_ray.job import draining
+from horovod_ray.job import demand, draining
 from horovod_ray.job.discovery import narrow, node_slots, staying
 from horovod_ray.job.elastic_driver import rank_info
 from horovod_ray.job.layouts import ElasticLayout
@@ -88,6 +88,59 @@ def test_a_static_jobs_draining_error_names_the_ranks_on_draining_nodes():
     assert "max_restarts" in text and "--- rank 2: on node bbb" in text
     assert isinstance(error, horovod_ray.WorkerFailedError)  # so run(max_restarts) retries
     assert pickle.loads(pickle.dumps(error)).failures == error.failures
+
+
+CPU = {"CPU": 1.0}
+GPU = {"GPU": 1.0}
+
+
+def test_the_autoscaler_request_is_every_live_jobs_demand_and_other_drivers():
+    jobs = {"a": {"bundles": [CPU] * 2, "until": 100}, "b": {"bundles": [GPU], "until": 100}}
+    # No record yet: what stands is another driver's.
+    request, expired, sent = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
+    assert request == [{"CPU": 4}, CPU, CPU, GPU] and expired == []
+    assert sent == {"sent": request, "before": [], "others": [{"CPU": 4}]}
+    # What stands is what was sent (grouped, ints for floats): the others stay as kept.
+    standing = [GPU, {"CPU": 1}, {"CPU": 4.0}, CPU]
+    request, _, _ = demand.combine(standing, sent, {"b": jobs["b"]}, now_s=50)
+    assert request == [{"CPU": 4}, GPU]
+    # Another driver asked since: its request replaces the kept one.
+    request, _, again = demand.combine([{"TPU": 8}], sent, jobs, now_s=50)
+    assert request == [{"TPU": 8}, CPU, CPU, GPU] and again["others"] == [{"TPU": 8}]
+
+
+def test_a_send_that_recorded_its_request_and_died_before_sending_it_is_still_ours():
+    jobs = {"a": {"bundles": [CPU], "until": 100}}
+    first, _, sent = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
+    # The next send records [CPU 4, CPU, GPU] and dies before sending: [CPU 4, CPU] stands.
+    jobs["b"] = {"bundles": [GPU], "until": 100}
+    second, _, recorded = demand.combine(first, sent, jobs, now_s=50)
+    assert recorded["before"] == first
+    request, _, _ = demand.combine(first, recorded, jobs, now_s=50)
+    assert request == second == [{"CPU": 4}, CPU, GPU]  # not [CPU 4, CPU, CPU, GPU]
+
+
+def test_malformed_records_are_neither_others_nor_live_jobs():
+    jobs = {"bad": {"bundles": "CPU", "until": 100}, "worse": None, "odd": {"until": "x"}}
+    request, expired, _ = demand.combine([{"CPU": 4}], ["not", "a", "record"], jobs, 50)
+    assert request == [{"CPU": 4}] and expired == ["bad", "odd", "worse"]
+
+
+def test_a_job_whose_lease_ran_out_is_dropped_from_the_request():
+    jobs = {"alive": {"bundles": [CPU], "until": 100}, "dead": {"bundles": [GPU], "until": 40}}
+    request, expired, _ = demand.combine([], None, jobs, now_s=50)
+    assert request == [CPU] and expired == ["dead"]
+    assert demand.combine([], None, {}, now_s=50)[0] == []
+
+
+def test_a_restart_budget_spent_on_drains_still_says_drain():
+    from horovod_ray.failures.restarts import spent
+
+    ranks = {0: ("on node aaa", "a")}
+    drained = draining.static_job_error(ranks, {"a": 5.0})
+    error = spent([horovod_ray.WorkerFailedError({0: "died"}), drained])
+    assert isinstance(error, horovod_ray.NodeDrainingError) and error.failures == drained.failures
+    assert "--- attempt 0: " in str(error) and "--- attempt 1: Ray is draining" in str(error)
 
 
 def test_membership_change_names_nodes_and_ranks():

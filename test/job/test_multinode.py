@@ -4,16 +4,20 @@ Horovod collectives: the ranks Horovod reports must be the ones the executor ass
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import ray
+from ray.cluster_utils import Cluster
 
 import horovod_ray
 from horovod_ray import NodeDrainingError, PlacementTimeoutError, RayExecutor
-from test.conftest import drain_node, start_cluster, stop_ray
+from test.conftest import doc_blocks, start_cluster, stop_ray
 from test.test_executor import horovod_identity
 
 pytestmark = pytest.mark.timeout(240)
@@ -96,35 +100,47 @@ def _wait_for_finish(folder: str) -> tuple[int, str, int]:
     return horovod_ray.attempt(), node, rank
 
 
+def _drain_as_the_docs_say(address: str, node_id: str) -> None:
+    """docs/cloud.rst's ``ray drain-node`` command, for this cluster and node."""
+    (block,) = [b for b in doc_blocks("bash") if b.startswith("ray drain-node ")]
+    command = block.replace("\\\n", " ").replace("HEAD:6379", address)
+    words = shlex.split(command.replace("NODE_ID", node_id))
+    ray_cli = Path(sys.executable).parent / "ray"
+    subprocess.run([str(ray_cli), *words[1:]], check=True, capture_output=True, timeout=60)
+
+
 class _Preemption:
     """Once every rank has started, drains the node of a rank off the driver's node (a
-    cloud's preemption notice, 300 s ahead); lets the ranks finish 60 s later whatever
-    happened, so a job that does not react returns instead of hanging."""
+    cloud's preemption notice, 120 s ahead, by docs/cloud.rst's command); lets the ranks
+    finish 60 s later whatever happened, so a job that does not react returns instead of
+    hanging."""
 
-    def __init__(self, cluster, folder: Path, num_ranks: int) -> None:
+    def __init__(self, cluster: Cluster, folder: Path, num_ranks: int) -> None:
         self.node_id: str | None = None
         self._cluster, self._folder, self._num_ranks = cluster, folder, num_ranks
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        head = ray.get_runtime_context().get_node_id()
-        deadline = time.monotonic() + 120
-        while len(list(self._folder.glob("started.*"))) < self._num_ranks:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
-        nodes = {p.read_text() for p in self._folder.glob("started.*")}
-        self.node_id = sorted(nodes - {head})[0]
-        drain_node(self._cluster.address, self.node_id, deadline_s=300)
-        time.sleep(60)
-        (self._folder / "finish").touch()
+        try:
+            head = ray.get_runtime_context().get_node_id()
+            deadline = time.monotonic() + 120
+            while len(list(self._folder.glob("started.*"))) < self._num_ranks:
+                if time.monotonic() > deadline or self._ended.wait(0.1):
+                    return
+            nodes = {p.read_text() for p in self._folder.glob("started.*")}
+            self.node_id = sorted(nodes - {head})[0]  # replaced at the end, drained or not
+            _drain_as_the_docs_say(self._cluster.address, self.node_id)
+            self._ended.wait(60)
+        finally:
+            (self._folder / "finish").touch()
 
     def end(self) -> None:
-        """Waits for the drain, then puts a fresh node in place of the drained one (the
+        """Lets the ranks finish, then puts a fresh node in place of the drained one (the
         drained node exits once nothing runs on it)."""
-        self._thread.join(0 if self.node_id else 150)
-        (self._folder / "finish").touch()
+        self._ended.set()
+        self._thread.join(90)  # longer than the drain command may take
         for node in [n for n in self._cluster.worker_nodes if n.node_id == self.node_id]:
             cpus = node._ray_params.num_cpus  # noqa: SLF001 - the spec it was added with
             self._cluster.remove_node(node)

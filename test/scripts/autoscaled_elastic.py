@@ -1,7 +1,8 @@
 """A driver on a cluster whose nodes Ray's autoscaler launches (RAY_ADDRESS): an elastic
 job with min_workers=2, max_workers=6 on 1-CPU ranks, from a head without CPUs. Prints
-one JSON line: rank 0's world size at each step, the autoscaler request left once run()
-returned, and the seconds until the idle nodes were gone (None: not within 60 s)."""
+one JSON line: rank 0's world size at each step, the seconds from the run() call to the
+world at 6 ranks (None: never), the autoscaler request left once run() returned, and the
+seconds until the idle nodes were gone (None: not within 60 s)."""
 
 from __future__ import annotations
 
@@ -13,24 +14,19 @@ from pathlib import Path
 import ray
 
 import horovod_ray
+from test.autoscaling import alive_worker_nodes, standing_request
 from test.elastic_training import grow_after_a_slow_start
-
-
-def _request() -> list:
-    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    raw = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
-    return json.loads(raw) if raw else []
-
-
-def _worker_nodes() -> int:
-    return sum(1 for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU"))
 
 
 def main(folder: str) -> None:
     ray.init(logging_level="ERROR", log_to_driver=False)
     Path(folder, "go").touch()  # no slow start: the ranks enter their loop at once
+    called, at_six = time.monotonic(), []
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "membership" and event["size_after"] == 6 and not at_six:
+            at_six.append(round(time.monotonic() - called, 1))
+
     results = horovod_ray.run(
         grow_after_a_slow_start,
         args=(folder, 6),
@@ -38,13 +34,16 @@ def main(folder: str) -> None:
         max_workers=6,
         cpus_per_slot=1,
         elastic_timeout=120,
+        callbacks=[on_event],
     )
     ended = time.monotonic()
-    request = _request()
-    while _worker_nodes() and time.monotonic() - ended < 60:
+    request = standing_request()
+    while alive_worker_nodes() and time.monotonic() - ended < 60:
         time.sleep(0.5)
-    gone_s = None if _worker_nodes() else round(time.monotonic() - ended, 1)
-    print(json.dumps({"sizes": results[0], "request": request, "idle_nodes_gone_s": gone_s}))
+    gone_s = None if alive_worker_nodes() else round(time.monotonic() - ended, 1)
+    to_six_s = at_six[0] if at_six else None
+    outcome = {"sizes": results[0], "to_max_workers_s": to_six_s, "request": request}
+    print(json.dumps({**outcome, "idle_nodes_gone_s": gone_s}))
 
 
 if __name__ == "__main__":

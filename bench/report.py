@@ -94,6 +94,16 @@ def _print_b6(results: dict) -> None:
             print(_row(name, s, "s"))
         print(_row("grow back", results["b6_grow_s"], "s"))
         print(f"  b6_ratio_vs_restart {results['b6_ratio_vs_restart']:.3f}")
+    if "b10_to_two_ranks_s" in results:
+        print("B10 from a node's drain (or loss) to the first step without it (s)")
+        for name, s in results["b10_to_two_ranks_s"].items():
+            print(_row(name, s, "s"))
+        print(f"  b10_ratio_drained_vs_killed {results['b10_ratio_drained_vs_killed']:.3f}")
+        print(f"  steps begun twice (most on a rank): {results['b10_steps_begun_twice']}")
+    if "b11_to_max_workers_s" in results:
+        print("B11 an elastic job on the nodes the autoscaler launches for it (s)")
+        print(_row("run() to 6 ranks", results["b11_to_max_workers_s"], "s"))
+        print(_row("end to idle nodes gone", results["b11_idle_nodes_gone_s"], "s"))
 
 
 def _print_b8(results: dict) -> None:

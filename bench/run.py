@@ -12,7 +12,8 @@ docs/benchmarks.rst.
 
 This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
 sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
-``bench.b9`` (restarts and hangs) and ``bench.scale``; what they share is in
+``bench.b9`` (restarts and hangs), ``bench.cloud`` (B10, a node drained against one
+lost; B11, the autoscaler) and ``bench.scale``; what they share is in
 ``bench.common``; the table and the plots in ``bench.report``.
 """
 
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import b1, b2, b3, b4, b5, b6, b9, bt, report, scale, scripts
+from bench import b1, b2, b3, b4, b5, b6, b9, bt, cloud, report, scale, scripts
 from bench.common import MODES, NUM_CPUS, RESULTS, Mode
 from horovod_ray import local_ray
 
@@ -46,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument(
-        "--only", default="b1,b2,b3,b4,b5,b6,b6e,b7,b8,b9", help="comma-separated subset"
+        "--only",
+        default="b1,b2,b3,b4,b5,b6,b6e,drain,autoscaler,b7,b8,b9",
+        help="comma-separated subset",
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     parser.add_argument(
@@ -131,6 +134,8 @@ def _on_their_own_ray(parts: _Parts, mode: Mode, may_install: bool) -> None:
     """The benchmarks that start their own Ray (simulated nodes or hosts, whole scripts)."""
     parts.run("b5", b5.b5, mode)
     parts.run("b6e", b6.b6_elastic, mode)
+    parts.run("drain", cloud.drain, mode)
+    parts.run("autoscaler", cloud.autoscaler, mode)
     parts.run("b7+b8", scripts.scripts, mode, "b7" in parts.only, "b8" in parts.only)
     # After the shutdown: the local Ray would otherwise idle beside the two hosts.
     parts.run("b6", b6.b6, mode, may_install)

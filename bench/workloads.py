@@ -49,18 +49,24 @@ def _record(folder: str, step: int, size: int) -> None:
     os.replace(path + ".tmp", path)
 
 
-def elastic_steps(folder: str, pause_s: float) -> int:
-    """B6 elastic: one allreduce and one commit per step, until ``folder/finish`` exists."""
+def elastic_steps(folder: str, pause_s: float) -> tuple[int, int]:
+    """B6 elastic: one allreduce and one commit per step, until ``folder/finish`` exists.
+    Returns the steps done and how many of them this rank began more than once (after a
+    rollback to the last commit)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     hvd.init()
     state = hvd.elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+    begun: set[int] = set()
+    repeated = [0]
 
     @hvd.elastic.run
     def loop(state):
         while True:
+            repeated[0] += state.step in begun
+            begun.add(state.step)
             hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
             finish = os.path.exists(os.path.join(folder, "finish"))
             finish = int(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
@@ -72,7 +78,7 @@ def elastic_steps(folder: str, pause_s: float) -> int:
                 return state.step
             time.sleep(pause_s)
 
-    return loop(state)
+    return loop(state), repeated[0]
 
 
 def checkpointed_steps(folder: str, pause_s: float) -> int:

@@ -58,6 +58,10 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b8_parts_s",
         "b6_ratio_vs_restart",
         "b6_grow_s",
+        "b10_to_two_ranks_s",
+        "b10_ratio_drained_vs_killed",
+        "b11_to_max_workers_s",
+        "b11_idle_nodes_gone_s",
         "restart_s",
         "restart_ratio_vs_manual",
         "hang_detect_s",
@@ -73,6 +77,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
     }
     assert set(figures["b7_script_s"]) == {"horovodrun", "horovod-ray local", "horovod-ray joining"}
     assert list(figures["b8_parts_s"]) == ["start and imports", "ray.init", "job", "exit"]
+    assert figures["b10_steps_begun_twice"]["drained"] == 0  # left at a commit: no rollback
     # B6 needs simulated hosts (root, ip netns); without them it says why.
     assert figures.get("b6_skipped") or _numbers(figures["b6_allreduce_mbps"]["horovod_ray"])
     for plot in figures["plots"]:

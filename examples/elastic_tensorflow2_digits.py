@@ -103,15 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--min-workers", type=int, default=2)
     parser.add_argument("--max-workers", type=int, default=4)
-    parser.add_argument("--address", default=None, help="Ray cluster address (e.g. auto)")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (e.g. auto; default: RAY_ADDRESS, else a local Ray)",
+    )
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--learning-rate", type=float, default=0.1)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by local workers
-    if args.address:
-        ray.init(address=args.address)
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=args.address)  # None: the cluster in RAY_ADDRESS (a Ray Job's)
     else:
         ray.init(num_cpus=max(args.max_workers, os.cpu_count() or 1), include_dashboard=False)
     results = horovod_ray.run(

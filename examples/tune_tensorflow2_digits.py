@@ -86,12 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-samples", type=int, default=4)
     parser.add_argument("--num-workers", type=int, default=2, help="Horovod ranks per trial")
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--address", default=None, help="Ray cluster address (e.g. auto)")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (e.g. auto; default: RAY_ADDRESS, else a local Ray)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.address:
-        ray.init(address=args.address)
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=args.address)  # None: the cluster in RAY_ADDRESS (a Ray Job's)
     else:
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False)
 

@@ -137,14 +137,16 @@ def test_elastic_snippet(joined):
     assert len(results) >= 2 and set(results) == {len(results)}
 
 
-def test_tune_example_command_prints_the_best_config():
+def test_tune_example_command_prints_the_best_config(joined):
     line = next(text for text in DOCS.splitlines() if "tune_tensorflow2_digits.py --num" in text)
     command = shlex.split(line.strip())
     command[0] = sys.executable
     # The full run is the docs'; fewer trials and epochs keep CI short.
     command[command.index("--num-samples") + 1] = "2"
     command += ["--epochs", "3"]
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = re.findall(r"^ *\w+_0000\d +([\d.]+) +(\d) +([\d.]+) +([\d.]+)$", result.stdout, re.M)
     assert len(rows) == 2
@@ -240,12 +242,14 @@ def test_command_line_example_runs_unmodified_script():
 
 
 @pytest.mark.parametrize("example", ["elastic_tensorflow2_digits.py", "elastic_pytorch_digits.py"])
-def test_elastic_example_command_trains(example):
+def test_elastic_example_command_trains(example, joined):
     line = next(text for text in DOCS.splitlines() if f"examples/{example} --" in text)
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^membership: 0 -> \d ranks", result.stdout, re.M), result.stdout
     final = re.search(r"final world: (\d) ranks, held-out accuracy ([\d.]+)", result.stdout)
@@ -263,6 +267,7 @@ def test_every_shell_block_is_run_by_a_test_or_by_make():
         ".venv/bin/python examples/",
         "rm -rf build/horovod\n",
         "make install  ",
+        "ray drain-node ",  # by test/job/test_multinode.py, on its cluster
     )
     for block in doc_blocks("bash"):
         assert block.startswith(known), block

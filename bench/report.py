@@ -100,6 +100,11 @@ def _print_b6(results: dict) -> None:
             print(_row(name, s, "s"))
         print(f"  b10_ratio_drained_vs_killed {results['b10_ratio_drained_vs_killed']:.3f}")
         print(f"  steps begun twice (most on a rank): {results['b10_steps_begun_twice']}")
+    if "b10_train_v2_to_two_workers_s" in results:
+        deadline = results["b10_train_v2_deadline_s"]
+        print(f"B10 Ray Train v2, drained with a {deadline} s deadline")
+        print(_row("to 2 workers", results["b10_train_v2_to_two_workers_s"], "s"))
+        print(_row("steps done again", results["b10_train_v2_steps_done_again"], ""))
     if "b11_to_max_workers_s" in results:
         print("B11 an elastic job on the nodes the autoscaler launches for it (s)")
         print(_row("run() to 6 ranks", results["b11_to_max_workers_s"], "s"))

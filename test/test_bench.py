@@ -60,6 +60,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b6_grow_s",
         "b10_to_two_ranks_s",
         "b10_ratio_drained_vs_killed",
+        "b10_train_v2_to_two_workers_s",
         "b11_to_max_workers_s",
         "b11_idle_nodes_gone_s",
         "restart_s",

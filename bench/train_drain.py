@@ -1,0 +1,152 @@
+"""B10's peer: Ray Train v2 answering the same drain (``python -m bench.train_drain MODE OUT``).
+
+Ray Train v2 (2.60) watches the nodes of its workers for drains: it tells the training
+function through ``ray.train.get_preemption_info()``, so that it can report a
+just-in-time checkpoint, tears the worker group down once the deadline passes, and starts
+it again from the latest checkpoint. The same cluster as B10 (three 1-CPU nodes, a 0-CPU
+head), a ``TorchTrainer`` of ``(2, 3)`` workers (elastic, so that it starts again on the
+two nodes left) whose loop does B10's step (an allreduce every 50 ms, gloo), asks for the
+preemption info after each step as Ray's docs show, and checkpoints on it. A node is
+drained with a ``DEADLINE_S`` deadline: from the drain to the first step on 2 workers,
+and the steps done before it that the new run did again (:func:`redone`): the loop, as
+Ray's docs show, trains on after its just-in-time checkpoint until the deadline. In a
+process of its own: Ray Train v2 cannot share one with the v1 API that B2 uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import bench.common  # noqa: F401 - Ray's environment before ray
+from bench.b6 import _first_step
+from bench.common import Mode, simulated_nodes, summary
+
+DEADLINE_S = 15  # shorter than B10's 60 s: Ray Train waits it out before it starts again
+PAUSE_S = 0.05
+
+
+def _loop(config: dict) -> None:
+    """A Ray Train worker: B10's steps, resumed from the latest checkpoint."""
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    folder = config["folder"]
+    context = ray.train.get_context()
+    rank, size = context.get_world_rank(), context.get_world_size()
+    step = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as path:
+            step = int(Path(path, "step").read_text())
+    saved = False
+    while not os.path.exists(os.path.join(folder, "finish")):
+        if rank == 0:
+            with open(os.path.join(folder, "begun"), "a") as handle:
+                handle.write(f"{step} {size} {time.time():.3f}\n")
+        dist.all_reduce(torch.ones(1))
+        step += 1
+        if rank == 0:
+            path = os.path.join(folder, "progress")
+            Path(path + ".tmp").write_text(f"{step} {size} {time.time()}")
+            os.replace(path + ".tmp", path)
+        if ray.train.get_preemption_info() is not None and not saved:
+            with tempfile.TemporaryDirectory() as path:
+                Path(path, "step").write_text(str(step))
+                saved_checkpoint = ray.train.Checkpoint.from_directory(path)
+                ray.train.report({"step": step}, checkpoint=saved_checkpoint if rank == 0 else None)
+            saved = True
+        time.sleep(PAUSE_S)
+
+
+def _measure(cluster, storage: str) -> tuple[float, int]:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from test.autoscaling import drain_node
+
+    while len(cluster.worker_nodes) < 3:
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        trainer = TorchTrainer(
+            _loop,
+            train_loop_config={"folder": name},
+            scaling_config=ScalingConfig(num_workers=(2, 3)),
+            run_config=RunConfig(storage_path=storage, failure_config=FailureConfig()),
+        )
+        outcome: dict = {}
+        thread = threading.Thread(target=lambda: outcome.update(result=trainer.fit()))
+        thread.start()
+        _first_step(folder, 3, 0.0)
+        time.sleep(1)
+        node = list(cluster.worker_nodes)[-1]
+        at = time.time()
+        drain_node(cluster.address, node.node_id, deadline_s=DEADLINE_S)
+        seconds = _first_step(folder, 2, at) - at
+        (folder / "finish").touch()
+        thread.join(120)
+        begun = [line.split() for line in (folder / "begun").read_text().splitlines()]
+    for left in [n for n in cluster.worker_nodes if n.node_id == node.node_id]:
+        cluster.remove_node(left)
+    return seconds, redone([(int(step), int(size)) for step, size, _ in begun])
+
+
+def redone(begun: list[tuple[int, int]]) -> int:
+    """The steps done on 3 workers that the 2-worker run began again: the highest step
+    begun before it, plus one, less the step it resumed at. Pure."""
+    first = next(i for i, (_, size) in enumerate(begun) if size == 2)
+    highest = max(step for step, _ in begun[:first])
+    return max(0, highest + 1 - begun[first][0])
+
+
+def train_drain(mode: Mode) -> dict:
+    print("B10 Ray Train v2 answering a drain", flush=True)
+    seconds, again = [], []
+    with simulated_nodes((0,)) as cluster, tempfile.TemporaryDirectory() as storage:
+        for _ in range(mode.b6e_reps):
+            took, steps = _measure(cluster, storage)
+            seconds.append(took)
+            again.append(steps)
+            print(f"  to 2 workers {took:.2f} s, steps done again {steps}", flush=True)
+    return {
+        "b10_train_v2_to_two_workers_s": summary(seconds),
+        "b10_train_v2_steps_done_again": summary(again),
+        "b10_train_v2_deadline_s": DEADLINE_S,
+    }
+
+
+def in_own_process(mode_name: str) -> dict:
+    """B10's Ray Train v2 part in a fresh interpreter; its figures."""
+    import subprocess
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run(
+            [sys.executable, "-m", "bench.train_drain", mode_name, out.name],
+            check=True,
+            timeout=1800,
+        )
+        with open(out.name) as handle:
+            return json.load(handle)
+
+
+def main(argv: list[str]) -> int:
+    from bench.common import MODES
+
+    mode_name, out_path = argv
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.common: v1)
+    results = train_drain(MODES[mode_name])
+    with open(out_path, "w") as handle:
+        json.dump(results, handle)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

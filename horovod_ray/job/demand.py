@@ -3,13 +3,17 @@
 Ray's ``request_resources`` is one standing request for the whole cluster: each call
 replaces the last, whoever made it. So each job keeps its own demand in Ray's internal KV
 (``horovod_ray/demand/<id>``, with a lease it renews while it runs), and whoever sends
-sends them all, together with what another driver had asked for itself. The request
-about to be sent is recorded first (with the one before it), then sent; a standing
-request that is neither is another driver's, kept as it is. Sends take a lock in the same
-store (it expires, so a driver that dies holding it blocks no one for long), so two jobs
-never interleave theirs. A job that ends takes its demand out and sends the rest; a driver
-that dies without doing so loses its demand at the next send of any job after its lease
-ran out (with no other job, the last request stands until another driver's call).
+sends them all, together with what another driver had asked for itself.
+
+A send has two phases, recorded beside the demands: the request it is about to send
+(``pending``), then, once Ray took it, that request as the one standing (``confirmed``).
+A standing request that is neither is another driver's, and is kept as it stands; a send
+that failed or died half way changes nothing that later sends rely on. Sends take a lock
+in the same store; Ray's store has no compare-and-swap, so a lock whose holder was silent
+for ``LOCK_S`` is broken, and only then can two sends overlap. A job that ends takes its
+demand out and sends the rest; a driver that dies without doing so loses its demand at
+the next send of any job after its lease ran out (with no other job, the last request
+stands until another driver's call).
 
 A driver that calls ``request_resources`` itself while a job sends may see its request
 replaced once: it comes back as soon as it asks again, as after any other driver's call.
@@ -29,10 +33,10 @@ from horovod_ray.job.layouts import ElasticLayout
 logger = logging.getLogger(__name__)
 
 PREFIX = b"horovod_ray/demand/"  # one key per job; the value: its bundles and lease
-SENT_KEY = b"horovod_ray/demand"  # the request last sent, the one before, the others' in it
+RECORD_KEY = b"horovod_ray/demand"  # the send in flight, the request standing, the others
 LOCK_KEY = b"horovod_ray/demand-lock"  # held while one job sends; its value: when it expires
-LOCK_S = 10.0  # a lock older than this is taken as its holder's, dead
-LOCK_WAIT_S = 5.0  # how long a send waits for the lock before it gives up (renewed later)
+LOCK_S = 15.0  # a lock held this long is taken as its holder's, dead, and broken
+LOCK_WAIT_S = 20.0  # how long a send waits for the lock: past a dead holder's LOCK_S
 LEASE_S = 60.0  # a job's demand counts this long after its driver last renewed it
 RENEW_S = 15.0  # how often a running job renews its lease and sends again
 
@@ -41,7 +45,7 @@ Bundle = dict[str, float]
 
 def combine(
     standing: Sequence[Bundle],
-    sent: Mapping[str, Any] | None,
+    record: Mapping[str, Any] | None,
     demands: Mapping[str, Mapping[str, Any]],
     now_s: float,
 ) -> tuple[list[Bundle], list[str], dict[str, Any]]:
@@ -49,28 +53,29 @@ def combine(
 
     Args:
         standing: Ray's standing request now.
-        sent: ``{"sent": [...], "before": [...], "others": [...]}``, as the last send
-            left it, or None. ``standing`` is ours if it is ``sent`` or ``before`` (a send
-            that recorded its request and died before sending it).
+        record: ``{"pending": [...] or None, "confirmed": [...], "others": [...]}``, as
+            the last send left it, or None. ``standing`` is ours if it is ``confirmed``
+            (the last send that completed) or ``pending`` (a send that died after Ray
+            took its request, before confirming it).
         demands: Job id -> ``{"bundles": [...], "until": s}`` (its lease's end).
         now_s: The time the leases are read at (seconds since the epoch).
 
     Returns:
         The request (other drivers' bundles, then each live job's), the jobs whose lease
-        ran out (to drop), and the new ``sent`` record.
+        ran out (to drop), and the record to write before sending it (its ``pending``
+        the request); once Ray took it, ``confirmed`` becomes the request.
     """
-    if not isinstance(sent, Mapping):
-        sent = None  # none yet, or unreadable: what stands is another driver's
-    ours = sent is not None and any(
-        _same(standing, sent.get(which, [])) for which in ("sent", "before")
-    )
-    # Otherwise another driver asked since: theirs, as it stands.
-    others = list(sent.get("others", [])) if ours else list(standing)
+    if not isinstance(record, Mapping):
+        record = {}  # none yet, or unreadable: what stands is another driver's
+    ours = [record.get("confirmed"), record.get("pending")]
+    if any(isinstance(r, list) and _same(standing, r) for r in ours):
+        others = list(record.get("others") or [])
+    else:
+        others = list(standing)  # another driver asked since: theirs, as it stands
     live = {key: d for key, d in demands.items() if _live(d, now_s)}
     expired = sorted(set(demands) - set(live))
     request = others + [dict(b) for key in sorted(live) for b in live[key]["bundles"]]
-    before = sent.get("sent", []) if sent is not None else []
-    return request, expired, {"sent": request, "before": before, "others": others}
+    return request, expired, {"pending": request, "confirmed": list(standing), "others": others}
 
 
 def _live(demand: Any, now_s: float) -> bool:
@@ -137,8 +142,12 @@ class AutoscalerRequest:
         try:
             _internal_kv_del(self._key)
             self._send()
-        except Exception:  # noqa: BLE001 - Ray already gone
-            logger.debug("withdrawing the autoscaler request failed", exc_info=True)
+        except Exception:  # noqa: BLE001 - Ray gone, or the lock held by a live job
+            logger.warning(
+                "could not take this job's demand out of the autoscaler request; the next "
+                "send of another job will",
+                exc_info=True,
+            )
 
     def _put(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_put
@@ -149,18 +158,18 @@ class AutoscalerRequest:
     def _send(self) -> None:
         """Sends every job's demand and the other drivers' request, under the lock."""
         from ray.autoscaler.sdk import request_resources
-        from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
+        from ray.experimental.internal_kv import _internal_kv_del
 
         self._sent_at = time.monotonic()  # a failed send too: retried at the next renewal
-        with _lock():
+        with _Lock():
             demands = {key: _read(key) for key in _keys()}
-            sent = _read(SENT_KEY)
             standing = standing_request()
-            request, expired, record = combine(standing, sent, demands, time.time())
+            request, expired, record = combine(standing, _read(RECORD_KEY), demands, time.time())
             for key in expired:
                 _internal_kv_del(key.encode())
-            _internal_kv_put(SENT_KEY, json.dumps(record).encode(), overwrite=True)
+            _write(RECORD_KEY, record)
             request_resources(bundles=request)
+            _write(RECORD_KEY, {**record, "pending": None, "confirmed": request})
 
 
 def _keys() -> list[str]:
@@ -180,23 +189,35 @@ def _read(key: str | bytes) -> Any:
         return None
 
 
-class _lock:  # noqa: N801 - used as a context manager
-    """The store-wide send lock: taken by a put that must not overwrite, released by
-    delete; a holder older than ``LOCK_S`` is taken as dead and replaced."""
+def _write(key: bytes, value: Any) -> None:
+    from ray.experimental.internal_kv import _internal_kv_put
+
+    _internal_kv_put(key, json.dumps(value).encode(), overwrite=True)
+
+
+class _Lock:
+    """The store-wide send lock: taken by a put that must not overwrite (its value a token
+    and the time it is held since), released by a delete if the token is still ours; a
+    lock held longer than ``LOCK_S`` is taken as its holder's, dead, and broken."""
+
+    def __init__(self) -> None:
+        self._token = uuid.uuid4().hex
 
     def __enter__(self) -> None:
         from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put
 
         deadline = time.monotonic() + LOCK_WAIT_S
+        seen: tuple[Any, float] | None = None  # (the holder's value, when first seen)
         while True:
-            expires = str(time.time() + LOCK_S).encode()
-            if not _internal_kv_put(LOCK_KEY, expires, overwrite=False):
+            value = json.dumps([self._token]).encode()
+            if not _internal_kv_put(LOCK_KEY, value, overwrite=False):
                 return
-            held_until = _read(LOCK_KEY)
-            if held_until is None:  # released meanwhile: try again
-                continue
-            if not isinstance(held_until, (int, float)) or held_until < time.time():
-                _internal_kv_del(LOCK_KEY)  # its holder died (or wrote nonsense)
+            holder = _read(LOCK_KEY)
+            if seen is None or seen[0] != holder:
+                seen = (holder, time.monotonic())  # our own clock: no skew between drivers
+            elif time.monotonic() - seen[1] > LOCK_S:
+                _internal_kv_del(LOCK_KEY)  # held (or unreadable) this long: a dead holder
+                seen = None
                 continue
             if time.monotonic() > deadline:
                 raise TimeoutError("another job held the autoscaler request's lock")
@@ -205,7 +226,8 @@ class _lock:  # noqa: N801 - used as a context manager
     def __exit__(self, *exc_info: object) -> None:
         from ray.experimental.internal_kv import _internal_kv_del
 
-        _internal_kv_del(LOCK_KEY)
+        if _read(LOCK_KEY) == [self._token]:
+            _internal_kv_del(LOCK_KEY)
 
 
 def standing_request() -> list[Bundle]:

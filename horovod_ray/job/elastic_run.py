@@ -286,12 +286,12 @@ class ElasticRun:
     def _left(self, slot: SlotInfo, err: Exception) -> bool:
         """Whether a rank ended because its node left the job (Ray drains it, or the user's
         discovery dropped it), not because it failed: horovod refuses such a rank a place
-        in the next world, and its process exits. What the rank's own code raised is a
-        failure even there."""
+        in the next world, and its process exits (its actor dies; one being placed there
+        cannot be). What the rank's own code raised is a failure even there."""
         if REMOVED_FROM_JOB in probe.text_of(err):
             return True
         drained = self._discovery is not None and self._discovery.drained(slot.hostname)
-        return drained and isinstance(err, ray.exceptions.RayActorError)
+        return drained and not isinstance(err, ray.exceptions.RayTaskError)
 
     def _set_up_and_call(
         self, actor: Any, slot: SlotInfo, key: int, facts: NodeFacts, check: Callable[[], None]

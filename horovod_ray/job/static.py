@@ -280,6 +280,9 @@ class StaticJob:
         except ray.exceptions.RayError:
             self._fail(refs, time.monotonic() - started, failing)
         except draining.LeavingError as drain:
+            # A rank's own failure, seen in the same pass, comes first.
+            if any(probe.error_of(ref) is not None for ref in refs):
+                self._fail(refs, time.monotonic() - started, failing)
             self._leave(refs, drain.leaving, failing)
         if all_ranks:
             self._dispatcher.completed(call, message)

@@ -94,30 +94,52 @@ CPU = {"CPU": 1.0}
 GPU = {"GPU": 1.0}
 
 
+def _sent(record: dict) -> dict:
+    """The record once Ray took its pending request (the send's second phase)."""
+    return {**record, "pending": None, "confirmed": record["pending"]}
+
+
 def test_the_autoscaler_request_is_every_live_jobs_demand_and_other_drivers():
     jobs = {"a": {"bundles": [CPU] * 2, "until": 100}, "b": {"bundles": [GPU], "until": 100}}
     # No record yet: what stands is another driver's.
-    request, expired, sent = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
+    request, expired, record = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
     assert request == [{"CPU": 4}, CPU, CPU, GPU] and expired == []
-    assert sent == {"sent": request, "before": [], "others": [{"CPU": 4}]}
+    assert record == {"pending": request, "confirmed": [{"CPU": 4}], "others": [{"CPU": 4}]}
+    record = _sent(record)
     # What stands is what was sent (grouped, ints for floats): the others stay as kept.
     standing = [GPU, {"CPU": 1}, {"CPU": 4.0}, CPU]
-    request, _, _ = demand.combine(standing, sent, {"b": jobs["b"]}, now_s=50)
+    request, _, _ = demand.combine(standing, record, {"b": jobs["b"]}, now_s=50)
     assert request == [{"CPU": 4}, GPU]
     # Another driver asked since: its request replaces the kept one.
-    request, _, again = demand.combine([{"TPU": 8}], sent, jobs, now_s=50)
+    request, _, again = demand.combine([{"TPU": 8}], record, jobs, now_s=50)
     assert request == [{"TPU": 8}, CPU, CPU, GPU] and again["others"] == [{"TPU": 8}]
 
 
-def test_a_send_that_recorded_its_request_and_died_before_sending_it_is_still_ours():
+def test_another_driver_clearing_its_request_is_not_undone():
+    """Found by a review: with the request before the last taken as ours too, [] read as
+    ours after the other driver cleared, and its old request came back for good."""
+    job = {"a": {"bundles": [CPU], "until": 100}}
+    _, _, first = demand.combine([], None, {}, now_s=50)  # no job yet: [] sent
+    request, _, record = demand.combine([{"TPU": 8}], _sent(first), job, now_s=50)
+    assert request == [{"TPU": 8}, CPU]
+    request, _, _ = demand.combine([], _sent(record), job, now_s=50)  # it cleared its own
+    assert request == [CPU]
+
+
+def test_a_send_that_died_half_way_changes_nothing_later_sends_rely_on():
     jobs = {"a": {"bundles": [CPU], "until": 100}}
-    first, _, sent = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
-    # The next send records [CPU 4, CPU, GPU] and dies before sending: [CPU 4, CPU] stands.
+    first, _, record = demand.combine([{"CPU": 4}], None, jobs, now_s=50)
+    record = _sent(record)
     jobs["b"] = {"bundles": [GPU], "until": 100}
-    second, _, recorded = demand.combine(first, sent, jobs, now_s=50)
-    assert recorded["before"] == first
-    request, _, _ = demand.combine(first, recorded, jobs, now_s=50)
-    assert request == second == [{"CPU": 4}, CPU, GPU]  # not [CPU 4, CPU, CPU, GPU]
+    second, _, pending = demand.combine(first, record, jobs, now_s=50)
+    # Died before Ray took it: what stands is still the confirmed request.
+    assert demand.combine(first, pending, jobs, now_s=50)[0] == second
+    # Died after Ray took it, before confirming: what stands is the pending one.
+    assert demand.combine(second, pending, jobs, now_s=50)[0] == second
+    # Two sends that both failed in Ray: the confirmed request still stands, still ours.
+    jobs["c"] = {"bundles": [CPU], "until": 100}
+    _, _, again = demand.combine(first, pending, jobs, now_s=50)
+    assert demand.combine(first, again, jobs, now_s=50)[0] == [{"CPU": 4}, CPU, GPU, CPU]
 
 
 def test_malformed_records_are_neither_others_nor_live_jobs():

@@ -7,7 +7,8 @@ it again from the latest checkpoint. The same cluster as B10 (three 1-CPU nodes,
 head), a ``TorchTrainer`` of ``(2, 3)`` workers (elastic, so that it starts again on the
 two nodes left) whose loop does B10's step (an allreduce every 50 ms, gloo), asks for the
 preemption info after each step as Ray's docs show, and checkpoints on it. A node is
-drained with a ``DEADLINE_S`` deadline: from the drain to the first step on 2 workers,
+drained with a ``DEADLINE_S`` deadline and removed at it, as a cloud's provider takes
+the node: from the drain to the first step on 2 workers,
 and the steps done before it that the new run did again (:func:`redone`): the loop, as
 Ray's docs show, trains on after its just-in-time checkpoint until the deadline. In a
 process of its own: Ray Train v2 cannot share one with the v1 API that B2 uses.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.b6 import _first_step
+from bench.b6 import _first_step, _in_thread
 from bench.common import Mode, simulated_nodes, summary
 
 DEADLINE_S = 15  # shorter than B10's 60 s: Ray Train waits it out before it starts again
@@ -46,7 +48,12 @@ def _loop(config: dict) -> None:
         with checkpoint.as_directory() as path:
             step = int(Path(path, "step").read_text())
     saved = False
-    while not os.path.exists(os.path.join(folder, "finish")):
+    while True:
+        # Rank 0 decides for all: a rank that left alone would strand the others.
+        finish = torch.tensor([float(os.path.exists(os.path.join(folder, "finish")))])
+        dist.broadcast(finish, src=0)
+        if finish.item():
+            return
         if rank == 0:
             with open(os.path.join(folder, "begun"), "a") as handle:
                 handle.write(f"{step} {size} {time.time():.3f}\n")
@@ -66,6 +73,7 @@ def _loop(config: dict) -> None:
 
 
 def _measure(cluster, storage: str) -> tuple[float, int]:
+    import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -74,6 +82,11 @@ def _measure(cluster, storage: str) -> tuple[float, int]:
     while len(cluster.worker_nodes) < 3:
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 3:  # the last run's workers are gone
+        if time.monotonic() > deadline:
+            raise RuntimeError("the last run's workers still hold the CPUs")
+        time.sleep(0.2)
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         trainer = TorchTrainer(
@@ -82,29 +95,41 @@ def _measure(cluster, storage: str) -> tuple[float, int]:
             scaling_config=ScalingConfig(num_workers=(2, 3)),
             run_config=RunConfig(storage_path=storage, failure_config=FailureConfig()),
         )
-        outcome: dict = {}
-        thread = threading.Thread(target=lambda: outcome.update(result=trainer.fit()))
-        thread.start()
-        _first_step(folder, 3, 0.0)
-        time.sleep(1)
-        node = list(cluster.worker_nodes)[-1]
-        at = time.time()
-        drain_node(cluster.address, node.node_id, deadline_s=DEADLINE_S)
-        seconds = _first_step(folder, 2, at) - at
-        (folder / "finish").touch()
-        thread.join(120)
-        begun = [line.split() for line in (folder / "begun").read_text().splitlines()]
-    for left in [n for n in cluster.worker_nodes if n.node_id == node.node_id]:
-        cluster.remove_node(left)
-    return seconds, redone([(int(step), int(size)) for step, size, _ in begun])
+        thread, outcome = _in_thread(trainer.fit)
+        node, killer = None, None
+        try:
+            _first_step(folder, 3, 0.0)
+            time.sleep(1)
+            node = list(cluster.worker_nodes)[-1]
+            at = time.time()
+            drain_node(cluster.address, node.node_id, deadline_s=DEADLINE_S)
+            # At the deadline the provider takes the node, as a cloud's would.
+            killer = threading.Timer(DEADLINE_S, cluster.remove_node, args=(node,))
+            killer.start()
+            seconds = _first_step(folder, 2, at) - at
+        finally:
+            (folder / "finish").touch()
+            thread.join(120)
+            if killer is not None:
+                killer.join()
+        if thread.is_alive() or "error" in outcome:
+            raise RuntimeError(f"the trainer did not end cleanly: {outcome.get('error')}")
+        lines = (folder / "begun").read_text().splitlines()
+        begun = [(int(step), int(size), float(t)) for step, size, t in map(str.split, lines)]
+    return seconds, redone(begun, at)
 
 
-def redone(begun: list[tuple[int, int]]) -> int:
-    """The steps done on 3 workers that the 2-worker run began again: the highest step
-    begun before it, plus one, less the step it resumed at. Pure."""
-    first = next(i for i, (_, size) in enumerate(begun) if size == 2)
-    highest = max(step for step, _ in begun[:first])
-    return max(0, highest + 1 - begun[first][0])
+def redone(begun: list[tuple[int, int, float]], at: float) -> int:
+    """The steps the 2-worker run, after the drain at ``at``, began again: the step in
+    flight before its first step, plus one, less the step it resumed at. Pure.
+
+    Args:
+        begun: (step, workers, time) of each step rank 0 began, in order.
+        at: When the node was drained.
+    """
+    first = next(i for i, (_, size, t) in enumerate(begun) if size == 2 and t > at)
+    in_flight = begun[first - 1][0]  # the last step begun before the world changed
+    return max(0, in_flight + 1 - begun[first][0])
 
 
 def train_drain(mode: Mode) -> dict:
@@ -128,11 +153,19 @@ def in_own_process(mode_name: str) -> dict:
     import subprocess
 
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run(
+        # In a session of its own: on a timeout its whole group goes, raylets included.
+        child = subprocess.Popen(
             [sys.executable, "-m", "bench.train_drain", mode_name, out.name],
-            check=True,
-            timeout=1800,
+            start_new_session=True,
         )
+        try:
+            code = child.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        if code != 0:
+            raise RuntimeError(f"bench.train_drain exited with {code}")
         with open(out.name) as handle:
             return json.load(handle)
 

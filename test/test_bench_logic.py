@@ -10,12 +10,15 @@ pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(
-    ("begun", "again"),
+    ("steps", "again"),
     [
         ([(0, 3), (1, 3), (2, 3), (3, 2), (4, 2)], 0),  # went on from its commit
         ([(0, 3), (1, 3), (2, 3), (2, 2), (3, 2)], 1),  # rolled back one step
         ([(0, 3), (1, 3), (2, 3), (3, 3), (1, 2)], 3),  # resumed from an older checkpoint
+        ([(0, 2), (1, 3), (2, 3), (3, 3), (2, 2)], 2),  # began on 2 before the drain
+        ([(0, 2), (900, 2), (0, 3), (5, 3), (3, 2)], 3),  # grew to 3 (from 0) before it
     ],
 )
-def test_redone_counts_the_steps_the_smaller_world_did_again(begun, again):
-    assert redone(begun) == again
+def test_redone_counts_the_steps_the_smaller_world_did_again(steps, again):
+    begun = [(step, size, float(t)) for t, (step, size) in enumerate(steps)]
+    assert redone(begun, at=2.5) == again

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from horovod_ray.errors import RankError
+from horovod_ray.errors import RankError, WorkerFailedError
 from horovod_ray.failures.attribution import (
     RankView,
     Seen,
@@ -69,6 +69,21 @@ def error_of(ref: ray.ObjectRef) -> BaseException | None:
     except ray.exceptions.RayError as err:
         return err
     return None
+
+
+def get_all(refs: list[ray.ObjectRef], what: str, wheres: Sequence[str] = ()) -> list[Any]:
+    """ray.get of every ref; WorkerFailedError naming each rank whose ref failed (and
+    where it ran, given ``wheres`` in the refs' order)."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayError as first:
+        failed = {}
+        for index, ref in enumerate(refs):
+            err = error_of(ref)
+            if err is not None:
+                where = describe(err, wheres[index]) if wheres else str(err)
+                failed[index] = f"failed to {what}: {where}"
+        raise WorkerFailedError(failed) from unwrapped(first)
 
 
 def stacks(workers: Sequence[Any], ranks: Sequence[int], timeout_s: float) -> dict[int, str | None]:

@@ -26,7 +26,7 @@ from ray.util.client import ray as ray_client
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError, WorkerFailedError
+from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError
 from horovod_ray.failures import attribution, probe
 from horovod_ray.job import bringup, draining, placement
 from horovod_ray.job.layouts import WorkerLayout
@@ -146,7 +146,8 @@ class StaticJob:
                 for m, env in zip(self.members, envs, strict=True)
             ]
             bringup.wait_all(setups, math.inf, check)
-            get_all(setups, "set up its environment or build executable_cls", self.members)
+            wheres = [m.node.where for m in self.members]
+            probe.get_all(setups, "set up its environment or build executable_cls", wheres)
             self.start_s["environment"] = time.perf_counter() - began
         except BaseException:
             self.stop(grace_s=0)
@@ -178,7 +179,7 @@ class StaticJob:
                 f"(bundles {held.group.bundle_specs}); give the group more room or fewer "
                 f"workers"
             )
-        nodes: list[NodeFacts] = get_all(info_refs, "report its node")
+        nodes: list[NodeFacts] = probe.get_all(info_refs, "report its node")
         priority.check(self._settings.niceness, nodes)
         self.start_s["actors"] = time.perf_counter() - began
         infos = assign_ranks([WorkerRecord(n.node_id, n.gpu_ids) for n in nodes])
@@ -374,20 +375,6 @@ class StaticJob:
                 return
             self._released = True
             release(self.held, grace_s)
-
-
-def get_all(refs: list[ray.ObjectRef], what: str, members: tuple[Member, ...] = ()) -> list[Any]:
-    """ray.get of every ref; WorkerFailedError naming each rank whose ref failed."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayError as first:
-        failed = {}
-        for index, ref in enumerate(refs):
-            err = probe.error_of(ref)
-            if err is not None:
-                where = probe.describe(err, members[index].node.where) if members else str(err)
-                failed[index] = f"failed to {what}: {where}"
-        raise WorkerFailedError(failed) from probe.unwrapped(first)
 
 
 def release(held: Held, grace_s: float) -> None:

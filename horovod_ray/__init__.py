@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from horovod_ray.__version__ import __version__
+from horovod_ray.checkpoints.store import Result
 from horovod_ray.errors import (
+    CheckpointError,
     ConfigError,
     ElasticLimitError,
     ExecutorStateError,
@@ -27,6 +29,7 @@ from horovod_ray.errors import (
 from horovod_ray.failures.restarts import attempt
 from horovod_ray.job.lifecycle import ExecutorState
 from horovod_ray.rank.logs import log
+from horovod_ray.rank.report import get_checkpoint, report
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from horovod_ray.executor import RayExecutor
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "ElasticLimitError",
     "ExecutorState",
@@ -45,12 +49,15 @@ __all__ = [
     "RankError",
     "RayExecutor",
     "RendezvousError",
+    "Result",
     "Settings",
     "StartCancelledError",
     "WorkerFailedError",
     "__version__",
     "attempt",
+    "get_checkpoint",
     "log",
+    "report",
     "run",
 ]
 

@@ -130,6 +130,11 @@ class NodeDrainingError(WorkerFailedError):
     """
 
 
+class CheckpointError(HorovodRayError):
+    """A checkpoint could not be read from or written to the run's storage: the text
+    names the path, the action and the filesystem's own error."""
+
+
 class RankError(HorovodRayError):
     """What a rank's function raised, as the driver receives it: the exception's type,
     message and traceback as text, and the exception itself still pickled.

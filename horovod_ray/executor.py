@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from horovod_ray.checkpoints import store
 from horovod_ray.errors import (
     ExecutorStateError,
     interrupt_in,
@@ -195,6 +196,8 @@ class RayExecutor:
             HorovodRayError: Ray is not initialised, or horovod lacks Gloo.
             PlacementTimeoutError: Ray could not place the ranks in time.
             WorkerFailedError: ``executable_cls`` raised on some rank.
+            CheckpointError: The settings' storage could not be read (nothing was
+                started).
         """
         if self.state is not ExecutorState.CREATED:
             raise ExecutorStateError(
@@ -204,6 +207,8 @@ class RayExecutor:
         env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
+        if self.settings.storage is not None:
+            env.update(store.job_env(self.settings.storage))
         kind = self._job
         kind.prepare()
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):

@@ -43,6 +43,10 @@ def run(
     stall_timeout_s: float = STALL_TIMEOUT_S,
     niceness: int | None = None,
     placement_group_timeout_s: float = 100,
+    storage_path: str | None = None,
+    name: str | None = None,
+    checkpoint_config: Any = None,
+    storage_filesystem: Any = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -88,11 +92,26 @@ def run(
         placement_group_timeout_s: Seconds to wait for Ray to place the ranks before
             failing with ``PlacementTimeoutError`` (default 100): raise it when the
             cluster must first grow (an autoscaler) or is busy.
+        storage_path: Where rank 0's ``horovod_ray.report(metrics, checkpoint=...)``
+            checkpoints persist: a local folder (shared by every node on a cluster) or a
+            URI (``s3://bucket/runs``); None keeps none (see docs, "Checkpoints and
+            resume"). Each attempt of ``max_restarts``, and a later call with the same
+            ``storage_path`` and ``name``, starts from the latest one there
+            (``horovod_ray.get_checkpoint()``).
+        name: The run's folder under ``storage_path``; None makes one from the time
+            (logged; give it again to resume). Read it back with
+            ``horovod_ray.Result.from_path(f"{storage_path}/{name}")``.
+        checkpoint_config: A ``ray.train.CheckpointConfig``: ``num_to_keep`` (the best
+            by ``checkpoint_score_attribute`` and ``checkpoint_score_order``, and always
+            the latest).
+        storage_filesystem: A ``pyarrow.fs.FileSystem`` that ``storage_path`` is on.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
 
     Raises:
+        CheckpointError: The storage could not be read or written (an upload failed
+            on rank 0: that is a rank's failure, a ``WorkerFailedError``).
         ConfigError: A bad argument, before Ray is touched; also an elastic argument
             (``reset_limit``, ``cooldown_range``, ``discovery_interval_s``) without
             ``min_workers`` (``elastic_timeout`` is taken and ignored, with a warning, as
@@ -114,6 +133,10 @@ def run(
         nics=nics,
         stall_timeout_s=stall_timeout_s,
         niceness=niceness,
+        storage_path=storage_path,
+        name=name,
+        checkpoint_config=checkpoint_config,
+        storage_filesystem=storage_filesystem,
     )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)

@@ -13,6 +13,8 @@ import math
 import numbers
 from typing import Iterable, Mapping
 
+from horovod_ray.checkpoints import spec
+from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -130,6 +132,8 @@ class Settings:
             below Ray's needs CAP_SYS_NICE (root has it) or RLIMIT_NICE on the ranks'
             nodes; where a rank may not, a static job's start fails with ConfigError,
             releasing everything (an elastic job's slot fails, as for ``nics``).
+        storage: Where rank 0's reported checkpoints persist and jobs resume from
+            (``create_settings(storage_path=..., name=...)``); None keeps none.
     """
 
     timeout_s: float = 120
@@ -138,6 +142,7 @@ class Settings:
     verbose: int = 1
     stall_timeout_s: float = STALL_TIMEOUT_S
     niceness: int | None = None
+    storage: RunStorage | None = None
 
     def __post_init__(self) -> None:
         require_seconds("timeout_s", self.timeout_s)
@@ -153,6 +158,10 @@ class Settings:
                 f"to 19, got {self.niceness!r}; a negative one would put the ranks ahead of "
                 f"Ray's own processes on their nodes",
             )
+        if self.storage is not None and not isinstance(self.storage, RunStorage):
+            raise ConfigError(
+                "storage", "storage must come from create_settings(storage_path=..., name=...)"
+            )
 
 
 def create_settings(
@@ -165,6 +174,10 @@ def create_settings(
     verbose: int = 1,
     stall_timeout_s: float = STALL_TIMEOUT_S,
     niceness: int | None = None,
+    storage_path: str | None = None,
+    name: str | None = None,
+    checkpoint_config: object = None,
+    storage_filesystem: object = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -173,14 +186,21 @@ def create_settings(
     ``ssh_str`` are accepted for that reason alone: Ray starts the workers, so they are not
     used and no key material is written anywhere.
 
+    ``storage_path``, ``name``, ``checkpoint_config`` and ``storage_filesystem`` are Ray
+    Train's (its ``RunConfig``): with a storage path, what rank 0 reports with
+    ``horovod_ray.report(metrics, checkpoint=...)`` persists to ``storage_path/name``
+    (``name`` None: one made from the time), and a job started with the same two
+    resumes from the latest checkpoint there (``horovod_ray.get_checkpoint()``); see
+    ``horovod_ray.checkpoints.spec.create``.
+
     Raises:
         ConfigError: A value is out of range or of the wrong type.
     """
-    for name, value in (("ssh_identity_file", ssh_identity_file), ("ssh_str", ssh_str)):
+    for parameter, value in (("ssh_identity_file", ssh_identity_file), ("ssh_str", ssh_str)):
         if value is not None and not isinstance(value, str):
             raise ConfigError(
-                name,
-                f"{name} must be a str or None, got {value!r}; the positional order is "
+                parameter,
+                f"{parameter} must be a str or None, got {value!r}; the positional order is "
                 f"horovod.ray's (timeout_s, ssh_identity_file, ssh_str, "
                 f"placement_group_timeout_s, nics): pass the others by name",
             )
@@ -197,6 +217,7 @@ def create_settings(
         verbose=verbose,
         stall_timeout_s=stall_timeout_s,
         niceness=niceness,
+        storage=spec.create(storage_path, name, checkpoint_config, storage_filesystem),
     )
 
 
@@ -218,6 +239,8 @@ MANAGED_ENV = frozenset(
         "HOROVOD_GLOO_IFACE",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",
         "HOROVOD_ELASTIC",
+        spec.STORAGE_ENV,
+        spec.CHECKPOINT_ENV,
     }
 )
 

@@ -62,12 +62,13 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 11
+    assert len(PYTHON) == 12
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
         "hvd.broadcast_optimizer_state(optimizer",
         "max_restarts=2",
+        "CheckpointConfig(num_to_keep=2)",
         "RayExecutor(settings",
         "DistributedTrainableCreator(train",
         "min_workers=2, max_workers=4",
@@ -97,6 +98,11 @@ def test_pytorch_page_snippet(joined):
 
 def test_restarts_snippet(joined):
     _run_python(_block("max_restarts=2"), joined)  # its assert: every rank ran in attempt 1
+
+
+def test_checkpoints_snippet(joined):
+    out = _run_python(_block("CheckpointConfig(num_to_keep=2)"), joined)  # its asserts: resumed
+    assert out.splitlines()[-1] == "4 [3, 4]"
 
 
 def test_quickstart_executor_snippet(joined):

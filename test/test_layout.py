@@ -90,13 +90,15 @@ def test_the_folders_import_each_other_one_way_only():
 
 # The arrows between folders, as docs/architecture.rst lists them ("X uses Y, Z").
 DRAWN = {
-    "cli": {"executor", "errors", "failures", "local_ray", "rank", "settings"},
+    "cli": {"checkpoints", "executor", "errors", "failures", "local_ray", "rank", "settings"},
     "tune": {"executor", "errors", "job", "rank", "settings"},
     "run": {"executor", "errors", "failures", "local_ray", "rank", "settings"},
-    "executor": {"errors", "job", "rank", "settings"},
+    "executor": {"checkpoints", "errors", "job", "rank", "settings"},
     "job": {"errors", "failures", "rank", "rendezvous", "settings", "stack"},
     "rendezvous": {"errors", "rank"},
-    "rank": {"errors", "stack"},
+    "rank": {"checkpoints", "errors", "stack"},
+    "settings": {"checkpoints", "errors"},
+    "checkpoints": {"errors"},
     "failures": {"errors"},
     "stack": {"errors"},
     "local_ray": {"worker_output"},

@@ -192,3 +192,10 @@ def test_none_for_an_unused_count_is_accepted_as_horovod_ray_does():
 def test_niceness_from_horovodrun_s_priority_to_the_lowest_or_none_is_accepted():
     assert RayExecutor.create_settings().niceness is None
     assert [RayExecutor.create_settings(niceness=n).niceness for n in (0, 19)] == [0, 19]
+
+
+def test_the_storage_keeps_its_name_among_horovod_rays_parameters(tmp_path):
+    """create_settings once named a loop variable ``name``: every run was called "ssh_str"."""
+    settings = RayExecutor.create_settings(60, None, None, storage_path=str(tmp_path), name="run")
+    assert (settings.storage.name, settings.storage.run_path) == ("run", f"{tmp_path}/run")
+    assert RayExecutor.create_settings().storage is None

@@ -14,6 +14,7 @@ from ray.tune.schedulers import ASHAScheduler
 
 from horovod_ray import ConfigError
 from horovod_ray.tune import DistributedTrainableCreator
+from test import checkpointed_training
 from test.conftest import alive_actors, live_placement_groups, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -164,6 +165,31 @@ def test_a_killed_worker_resumes_from_checkpoint_on_every_rank(ray_4cpu, tmp_pat
     assert result.metrics["state"] == sum(2 * s + 1 for s in range(6))
     assert result.metrics["resumed_from"] == [3, 3]  # both ranks restored step 3
     assert result.metrics["training_iteration"] == 6
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def test_horovod_rays_report_and_get_checkpoint_go_to_the_trial(ray_4cpu, tmp_path):
+    """The function test_checkpoints runs with run(), RayExecutor and the command line,
+    unchanged: its horovod_ray.report / get_checkpoint are Tune's in a trial."""
+    trainable = DistributedTrainableCreator(
+        checkpointed_training.checkpointed_sum, num_hosts=1, num_slots=2
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"steps": 6, "die_at": 3},
+        run_config=tune.RunConfig(
+            name="horovod_ray_report",
+            storage_path=str(tmp_path),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=1),
+        ),
+    )
+    results = tuner.fit()
+    assert results.num_errors == 0
+    result = results[0]
+    assert result.metrics["state"] == checkpointed_training.expected_state(6)
+    assert result.metrics["resumed_from"] == [3, 3]  # Tune restored step 3 on both ranks
+    assert result.checkpoint is not None  # Tune holds the checkpoints, not horovod_ray
     assert wait_until(lambda: alive_actors() == [])
 
 

@@ -16,8 +16,10 @@ import shutil
 import signal
 import sys
 import time
+import types
 from typing import Any, Sequence
 
+from horovod_ray.checkpoints.spec import default_name
 from horovod_ray.cli import rank_stacks, translate
 from horovod_ray.cli.command import CommandJob
 from horovod_ray.cli.elastic_command import run_elastic
@@ -89,6 +91,8 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         raise _UsageError(str(err)) from None
     if args.max_restarts < 0:
         raise _UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.storage_path is not None and args.name is None:
+        args.name = default_name()  # once: every attempt resumes from the same run
     if elastic is None:
         _check_static_size(args, hosts)
     elif args.max_restarts:
@@ -110,6 +114,9 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
             nics=nics,
             verbose=2 if args.verbose else 1,
             stall_timeout_s=args.stall_timeout_seconds,
+            storage_path=args.storage_path,
+            name=args.name,
+            checkpoint_config=_checkpoint_config(args),
         )
         return RayExecutor(
             settings,
@@ -122,6 +129,18 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         )
     except ConfigError as err:
         raise _UsageError(translate.as_flag(err)) from err
+
+
+def _checkpoint_config(args: argparse.Namespace) -> object:
+    """``--num-to-keep`` as a ``ray.train.CheckpointConfig`` would give it (without the
+    seconds ray.train takes to import)."""
+    if args.num_to_keep is None:
+        return None
+    return types.SimpleNamespace(
+        num_to_keep=args.num_to_keep,
+        checkpoint_score_attribute=None,
+        checkpoint_score_order="max",
+    )
 
 
 def _check_static_size(args: argparse.Namespace, hosts: list | None) -> None:

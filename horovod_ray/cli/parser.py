@@ -76,6 +76,29 @@ def _add_size_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_checkpoint_flags(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group(
+        "checkpoints (a Python command's horovod_ray.report / get_checkpoint)"
+    )
+    group.add_argument(
+        "--storage-path",
+        metavar="PATH",
+        help="folder or URI (s3://bucket/runs) where rank 0's reported checkpoints persist; "
+        "each attempt, and a later run with the same --name, resumes from the latest",
+    )
+    group.add_argument(
+        "--name",
+        metavar="NAME",
+        help="the run's folder under --storage-path (default: one made from the time)",
+    )
+    group.add_argument(
+        "--num-to-keep",
+        type=int,
+        metavar="N",
+        help="checkpoints kept: the N newest (default: all)",
+    )
+
+
 def _add_ray_flags(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--stall-timeout-seconds",
@@ -93,6 +116,7 @@ def _add_ray_flags(run: argparse.ArgumentParser) -> None:
         help="after a rank fails, run the job again as a new one, up to N times, waiting "
         "1 s, 2 s, 4 s, ... (at most 60 s) between; HOROVOD_RAY_ATTEMPT holds the attempt",
     )
+    _add_checkpoint_flags(run)
     ray_group = run.add_argument_group("Ray")
     ray_group.add_argument(
         "--address",

@@ -78,6 +78,9 @@ FLAG_OF = {  # RayExecutor's parameters as the flags that set them
     "cooldown_range": "--blacklist-cooldown-range",
     "elastic_timeout": "--elastic-timeout",
     "stall_timeout_s": "--stall-timeout-seconds",
+    "storage_path": "--storage-path",
+    "name": "--name",
+    "checkpoint_config": "--num-to-keep",
 }
 
 

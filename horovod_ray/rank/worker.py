@@ -22,7 +22,7 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import RankError
-from horovod_ray.rank import logs, priority
+from horovod_ray.rank import logs, priority, report
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
     NodeFacts,
@@ -117,7 +117,9 @@ class Worker:
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)
         try:
-            return invoke(function, arguments, self._executable)
+            result = invoke(function, arguments, self._executable)
+            report.flush()  # the call's checkpoints are persisted before it returns
+            return result
         except Exception as err:
             if as_raised:
                 raise

@@ -27,6 +27,7 @@ import ray
 from ray import tune
 
 from horovod_ray.errors import HorovodRayError
+from horovod_ray.rank import report
 from horovod_ray.rank.logs import post
 
 # The Ray whose internals this adapter uses (constraints.txt pins it).
@@ -187,9 +188,11 @@ def rank_main(func: Callable[[dict], Any], config: dict, checkpoint, trial_info:
     sweep_stale()
     session = RankSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial_info)
     install_session(session)
+    report.use_tune_session(session)  # horovod_ray.report / get_checkpoint go to Tune too
     try:
         func(config)
     finally:
+        report.use_tune_session(None)
         install_session(None)
         session.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import psutil
 import pytest
 import ray
 
+import horovod_ray
 from test.conftest import start_local_ray
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "plain_horovod.py")
@@ -262,6 +264,24 @@ def test_a_failed_job_runs_again_with_max_restarts(address, tmp_path):
         "[1]<stdout>:rank 1 in attempt 0",
         "[1]<stdout>:rank 1 in attempt 1",
     ]
+
+
+def test_a_python_command_checkpoints_and_its_restart_resumes(address, tmp_path):
+    """The function test_checkpoints runs with run() and Tune, unchanged in a script."""
+    script = str(Path(__file__).parent.parent / "scripts" / "checkpointed.py")
+    code, out, err = _run(
+        "-np", "2", "--address", address, "--max-restarts", "1", "--storage-path",
+        str(tmp_path), "--name", "cli", "--num-to-keep", "1", sys.executable, script,
+        json.dumps({"steps": 4, "die_at": 2}),
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "attempt 0 failed (rank 1 on" in err
+    assert sorted(line for line in out.splitlines() if "resumed" in line) == [
+        "[0]<stdout>:rank 0 resumed from 2, state 16.0",
+        "[1]<stdout>:rank 1 resumed from 2, state 16.0",
+    ]
+    result = horovod_ray.Result.from_path(f"{tmp_path}/cli")
+    assert [metrics["step"] for _, metrics in result.best_checkpoints] == [4]  # --num-to-keep 1
 
 
 def test_lines_arrive_while_the_rank_runs(address, tmp_path):

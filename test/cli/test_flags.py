@@ -208,3 +208,18 @@ def test_the_elastic_flags_make_an_elastic_job_as_horovodruns(tmp_path, monkeypa
 def test_elastic_flags_that_do_not_fit_exit_2_naming_the_flag(flags, text, capsys):
     assert main(["run", *flags, "python", "train.py"]) == 2
     assert text in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, text",
+    [
+        (["--name", "x"], "--name: name is given but storage_path is not"),
+        (["--num-to-keep", "1"], "--num-to-keep: checkpoint_config is given but storage_path"),
+        (["--storage-path", "/tmp/runs", "--name", "a/b"], "--name: name must be a folder name"),
+        (["--storage-path", "/tmp/runs", "--num-to-keep", "0"], "--num-to-keep: checkpoint_"),
+        (["--storage-path", "nope://x"], "--storage-path: storage_path 'nope://x' is not a URI"),
+    ],
+)
+def test_checkpoint_flags_that_do_not_fit_exit_2_naming_the_flag(flags, text, capsys):
+    assert main(["run", "-np", "2", *flags, "python", "train.py"]) == 2
+    assert text in capsys.readouterr().err

@@ -1,0 +1,8 @@
+"""Where a run's checkpoints live, and how they get there.
+
+Open ``spec`` for what the user asked (a storage path or filesystem, the run's name, how
+many checkpoints to keep) and how it travels to the ranks, ``store`` for the run's folder
+on that filesystem (commit, list, keep the best, read back as a :class:`Result`), and
+``upload`` for the thread that persists rank 0's checkpoints beside training. The ranks'
+``report()`` and ``get_checkpoint()`` are in ``horovod_ray.rank.report``.
+"""

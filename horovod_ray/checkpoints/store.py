@@ -1,0 +1,312 @@
+"""A run's folder: its checkpoints, which of them count, which are kept.
+
+Layout, under ``storage_path/name``::
+
+    checkpoint_000003/        the files rank 0 reported (as they were)
+    checkpoint_000003.json    the commit marker: written last, holds the metrics
+    metrics.json              the last metrics reported, with or without a checkpoint
+
+A checkpoint folder without its marker is an upload that did not finish (the job failed
+during it): it is never taken as the latest, and the next commit removes it. Removing a
+checkpoint removes the marker first, so a half-removed one is no longer taken either.
+The choices (latest, next number, what to remove) are pure functions over
+:class:`Entry` records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+from horovod_ray.checkpoints.spec import RunStorage
+from horovod_ray.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+logger = logging.getLogger(__name__)
+
+
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    """What a pyarrow filesystem raises when it fails (pyarrow is imported only when a
+    storage is used: it adds a quarter of a second to every rank's start)."""
+    import pyarrow
+
+    return (OSError, pyarrow.ArrowException)
+
+
+_NAME = re.compile(r"^checkpoint_(\d{6,})(\.json)?$")
+METRICS_FILE = "metrics.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One checkpoint number found in a run's folder.
+
+    Attributes:
+        index: Its number (``checkpoint_000003``: 3).
+        committed: Its marker is there: the upload finished.
+        metrics: The metrics reported with it (from the marker; {} when not committed).
+    """
+
+    index: int
+    committed: bool
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+
+def folder_name(index: int) -> str:
+    return f"checkpoint_{index:06d}"
+
+
+# ------------------------------------------------------------------------ pure choices
+
+
+def latest(entries: Iterable[Entry]) -> Entry | None:
+    """The committed checkpoint with the highest number: the one to resume from."""
+    committed = [entry for entry in entries if entry.committed]
+    return max(committed, key=lambda entry: entry.index, default=None)
+
+
+def next_index(entries: Iterable[Entry]) -> int:
+    """The number for the next checkpoint: past every folder there, finished or not."""
+    return max((entry.index for entry in entries), default=0) + 1
+
+
+def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[Entry]:
+    """Committed checkpoints best first: by ``attribute`` (``order`` "max" or "min"; ones
+    without that metric, or with a value that is not a number, last), else newest first."""
+    committed = [entry for entry in entries if entry.committed]
+    if attribute is None:
+        return sorted(committed, key=lambda entry: -entry.index)
+
+    def key(entry: Entry) -> tuple[int, float, int]:
+        value = entry.metrics.get(attribute)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+            return (1, 0.0, -entry.index)
+        return (0, -value if order == "max" else value, -entry.index)
+
+    return sorted(committed, key=key)
+
+
+def to_remove(
+    entries: Iterable[Entry],
+    num_to_keep: int | None,
+    attribute: str | None,
+    order: str,
+    committing: int,
+) -> list[int]:
+    """Which checkpoint numbers to remove once checkpoint ``committing`` is committed.
+
+    Kept: the ``num_to_keep`` best, and the latest whatever its score (a restart resumes
+    from it, as Ray Train keeps it). Removed too: unfinished folders numbered below
+    ``committing`` (an upload of an earlier job that failed during it).
+
+    Example: numbers 1..4 committed with loss 0.5, 0.2, 0.9, 0.7, num_to_keep 2, "loss"
+    by "min": 2 and 1 are the best, 4 is the latest, so 3 goes.
+    """
+    entries = list(entries)
+    removed = [e.index for e in entries if not e.committed and e.index < committing]
+    if num_to_keep is None:
+        return removed
+    best = ranked(entries, attribute, order)
+    keep = {entry.index for entry in best[:num_to_keep]}
+    newest = latest(entries)
+    if newest is not None:
+        keep.add(newest.index)
+    return removed + sorted(entry.index for entry in best if entry.index not in keep)
+
+
+# ------------------------------------------------------------------- the filesystem
+
+
+def _failed(action: str, path: str, err: BaseException) -> CheckpointError:
+    return CheckpointError(f"could not {action} {path}: {type(err).__name__}: {err}")
+
+
+def list_entries(storage: RunStorage) -> list[Entry]:
+    """The checkpoints in the run's folder (none if it does not exist yet).
+
+    Raises:
+        CheckpointError: The storage could not be read.
+    """
+    import pyarrow.fs
+
+    fs, run_path = storage.filesystem, storage.run_path
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
+    except _storage_errors() as err:
+        raise _failed("list the run's folder", run_path, err) from err
+    folders, markers = set(), set()
+    for info in infos:
+        match = _NAME.match(info.base_name)
+        if match is None:
+            continue
+        index = int(match.group(1))
+        if match.group(2) and info.type == pyarrow.fs.FileType.File:
+            markers.add(index)
+        elif not match.group(2) and info.type == pyarrow.fs.FileType.Directory:
+            folders.add(index)
+    entries = []
+    for index in sorted(folders | markers):
+        committed = index in markers
+        metrics = _read_json(storage, f"{folder_name(index)}.json").get("metrics", {})
+        entries.append(Entry(index, committed, metrics if committed else {}))
+    return entries
+
+
+def _read_json(storage: RunStorage, name: str) -> dict:
+    path = f"{storage.run_path}/{name}"
+    try:
+        with storage.filesystem.open_input_stream(path) as stream:
+            return json.loads(stream.read().decode())
+    except FileNotFoundError:
+        return {}
+    except (*_storage_errors(), ValueError) as err:
+        raise _failed("read", path, err) from err
+
+
+def _write_json(storage: RunStorage, name: str, value: dict) -> None:
+    path = f"{storage.run_path}/{name}"
+    text = json.dumps(value, default=repr, sort_keys=True).encode()
+    with storage.filesystem.open_output_stream(path) as stream:
+        stream.write(text)
+
+
+def checkpoint_path(storage: RunStorage, index: int) -> str:
+    return f"{storage.run_path}/{folder_name(index)}"
+
+
+def commit(storage: RunStorage, index: int, local_dir: str, metrics: dict) -> None:
+    """Uploads ``local_dir`` as checkpoint ``index``, then writes its marker, then
+    removes what the run no longer keeps (see :func:`to_remove`).
+
+    Raises:
+        CheckpointError: A read or write failed; what was there before stays as it was
+            (a half-uploaded folder has no marker).
+    """
+    import pyarrow.fs
+
+    fs, destination = storage.filesystem, checkpoint_path(storage, index)
+    try:
+        fs.create_dir(destination, recursive=True)
+        pyarrow.fs.copy_files(
+            local_dir,
+            destination,
+            source_filesystem=pyarrow.fs.LocalFileSystem(),
+            destination_filesystem=fs,
+        )
+        marker = {"index": index, "metrics": metrics, "time": time.time()}
+        _write_json(storage, f"{folder_name(index)}.json", marker)
+    except _storage_errors() as err:
+        raise _failed("upload checkpoint to", destination, err) from err
+    write_metrics(storage, metrics)
+    entries = list_entries(storage)
+    for removed in to_remove(
+        entries, storage.num_to_keep, storage.score_attribute, storage.score_order, index
+    ):
+        remove(storage, removed)
+
+
+def write_metrics(storage: RunStorage, metrics: dict) -> None:
+    """Records ``metrics`` as the run's last reported ones."""
+    try:
+        storage.filesystem.create_dir(storage.run_path, recursive=True)
+        _write_json(storage, METRICS_FILE, {"metrics": metrics, "time": time.time()})
+    except _storage_errors() as err:
+        raise _failed("write", f"{storage.run_path}/{METRICS_FILE}", err) from err
+
+
+def remove(storage: RunStorage, index: int) -> None:
+    """Removes checkpoint ``index``: its marker first, so it stops counting at once."""
+    fs, path = storage.filesystem, checkpoint_path(storage, index)
+    try:
+        fs.delete_file(f"{path}.json")
+    except FileNotFoundError:
+        pass
+    except _storage_errors() as err:
+        raise _failed("remove", f"{path}.json", err) from err
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+    except _storage_errors() as err:
+        raise _failed("remove", path, err) from err
+
+
+# --------------------------------------------------------------------- reading back
+
+
+def job_env(storage: RunStorage) -> dict[str, str]:
+    """The ranks' environment for a job starting now: the storage, and the latest
+    committed checkpoint in it, which ``get_checkpoint()`` returns on every rank.
+
+    Raises:
+        CheckpointError: The run's folder could not be read.
+    """
+    newest = latest(list_entries(storage))
+    if newest is None:
+        logger.info("checkpoints go to %s (none there yet)", storage.run_path)
+        return storage.to_env(None)
+    path = checkpoint_path(storage, newest.index)
+    logger.info("checkpoints go to %s; the job resumes from %s", storage.run_path, path)
+    return storage.to_env(path)
+
+
+def as_checkpoint(storage: RunStorage, index: int) -> Any:
+    """Checkpoint ``index`` as a ``ray.train.Checkpoint`` on the run's filesystem."""
+    from ray.train import Checkpoint  # here: ray.train takes seconds to import
+
+    return Checkpoint(checkpoint_path(storage, index), filesystem=storage.filesystem)
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What a run left in its folder, read back (by the driver, after or during a run).
+
+    Attributes:
+        path: The run's folder (``storage_path/name``) on ``filesystem``.
+        filesystem: The pyarrow filesystem it is on.
+        metrics: The last metrics reported (with or without a checkpoint); {} if none.
+        checkpoint: The latest committed checkpoint (``ray.train.Checkpoint``), or None.
+        best_checkpoints: Every committed checkpoint kept, with its metrics, oldest
+            first (as Ray Train's ``Result.best_checkpoints``).
+    """
+
+    path: str
+    filesystem: pyarrow.fs.FileSystem
+    metrics: dict
+    checkpoint: Any
+    best_checkpoints: list
+
+    @classmethod
+    def from_path(
+        cls, path: str, storage_filesystem: pyarrow.fs.FileSystem | None = None
+    ) -> Result:
+        """Reads the run at ``path`` (``storage_path/name``, as given to ``run()``).
+
+        Raises:
+            ConfigError: ``path`` or ``storage_filesystem`` is not valid.
+            CheckpointError: The run's folder could not be read.
+        """
+        from horovod_ray.checkpoints import spec
+
+        parent, _, name = str(path).rstrip("/").rpartition("/")
+        storage = spec.create(parent or "/", name, None, storage_filesystem)
+        entries = list_entries(storage)
+        metrics = _read_json(storage, METRICS_FILE).get("metrics", {})
+        newest = latest(entries)
+        return cls(
+            path=storage.run_path,
+            filesystem=storage.filesystem,
+            metrics=metrics,
+            checkpoint=None if newest is None else as_checkpoint(storage, newest.index),
+            best_checkpoints=[
+                (as_checkpoint(storage, entry.index), entry.metrics)
+                for entry in entries
+                if entry.committed
+            ],
+        )

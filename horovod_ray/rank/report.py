@@ -1,0 +1,151 @@
+"""``report()`` and ``get_checkpoint()``: Ray Train's two calls, on a Horovod rank.
+
+One training function runs unchanged under ``run()``, ``RayExecutor``, the command
+line's ``python`` commands and Tune:
+
+* Under Tune (a trial of ``horovod_ray.tune``), both calls go to the trial's session:
+  Tune persists the checkpoint and hands it back on a restore.
+* Elsewhere, with a storage path (``run(storage_path=...)``, ``create_settings``,
+  ``--storage-path``), rank 0's checkpoints are persisted to ``storage_path/name`` by an
+  upload thread (``checkpoints.upload``), and ``get_checkpoint()`` is the latest one
+  committed when the job started, on every rank.
+* Without one, ``report`` hands its metrics to the driver's callbacks and keeps no
+  checkpoint (a warning says so once); ``get_checkpoint()`` is None.
+
+Only rank 0's reports count. Other ranks may call ``report`` (the same code runs on
+every rank) and their metrics and checkpoints are dropped: a checkpoint holds what rank
+0 holds, which with Horovod's synchronised training is every rank's model.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from typing import Any, Mapping
+
+from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, RunStorage
+from horovod_ray.checkpoints.upload import Uploader
+from horovod_ray.errors import ConfigError
+from horovod_ray.rank import logs
+
+logger = logging.getLogger(__name__)
+
+_uploader: Uploader | None = None
+_tune_session: Any = None  # a trial rank's session (horovod_ray.tune.session)
+_warned = False
+
+
+def report(metrics: Mapping[str, Any], *, checkpoint: Any = None) -> None:
+    """Reports metrics, and optionally a checkpoint, from a rank (as ``ray.train.report``).
+
+    Rank 0's metrics go to the driver's callbacks (as ``log()``'s) and, with a storage
+    path, become the run's last metrics; its checkpoint is copied at once (the folder may
+    be deleted when this returns) and uploaded to ``storage_path/name`` beside training.
+    Other ranks' reports are dropped.
+
+    Args:
+        metrics: Values keyed by name, e.g. ``{"epoch": 3, "loss": 0.2}``; stored as JSON
+            (values that are not JSON are stored as their ``repr``).
+        checkpoint: A ``ray.train.Checkpoint``, e.g.
+            ``Checkpoint.from_directory(folder)``.
+
+    Raises:
+        ConfigError: ``metrics`` is not a mapping, or ``checkpoint`` not a Checkpoint.
+        CheckpointError: An earlier upload failed, or the storage cannot be read.
+    """
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(
+            "metrics",
+            f"report() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
+        )
+    if checkpoint is not None and not hasattr(checkpoint, "as_directory"):
+        raise ConfigError(
+            "checkpoint",
+            f"checkpoint must be a ray.train.Checkpoint (Checkpoint.from_directory(folder)), "
+            f"got {type(checkpoint).__name__}",
+        )
+    if _tune_session is not None:
+        _tune_session.report(dict(metrics), checkpoint=checkpoint)
+        return
+    if logs._rank_now() != 0:
+        return
+    logs.post(dict(metrics))
+    uploader = _rank_uploader()
+    if uploader is None:
+        if checkpoint is not None:
+            _warn_once()
+        return
+    if checkpoint is None:
+        uploader.submit_metrics(dict(metrics))
+    else:
+        uploader.submit(dict(metrics), checkpoint)
+
+
+def get_checkpoint() -> Any:
+    """The checkpoint to resume from (as ``ray.train.get_checkpoint``), or None.
+
+    With a storage path: the latest checkpoint committed in ``storage_path/name`` when
+    this job started (a restart's job, or a new driver's with the same name), the same on
+    every rank; the checkpoints this job reports do not change it. Under Tune: the
+    trial's restored checkpoint. Otherwise None.
+
+    Returns:
+        A ``ray.train.Checkpoint`` (read it with ``as_directory()`` or
+        ``to_directory()``), or None.
+    """
+    if _tune_session is not None:
+        return _tune_session.loaded_checkpoint
+    path = os.environ.get(CHECKPOINT_ENV)
+    storage = RunStorage.from_env()
+    if not path or storage is None:
+        return None
+    from ray.train import Checkpoint  # here: ray.train takes seconds to import
+
+    return Checkpoint(path, filesystem=storage.filesystem)
+
+
+def flush() -> None:
+    """Waits until this process's checkpoints are uploaded (run as a call returns).
+
+    Raises:
+        CheckpointError: An upload failed.
+    """
+    if _uploader is not None:
+        _uploader.flush()
+
+
+def use_tune_session(session: Any) -> None:
+    """Sends this process's reports to a Tune trial's session (None: stop doing so)."""
+    global _tune_session
+    _tune_session = session
+
+
+def _rank_uploader() -> Uploader | None:
+    global _uploader
+    if _uploader is None:
+        storage = RunStorage.from_env()
+        if storage is None:
+            return None
+        _uploader = Uploader(storage)
+        # A process that is not an actor (a command line's python command) has no call
+        # to end: its uploads finish as it exits.
+        atexit.register(_flush_at_exit)
+    return _uploader
+
+
+def _flush_at_exit() -> None:
+    try:
+        flush()
+    except Exception:  # noqa: BLE001 - nothing to raise to at exit
+        logger.exception("a checkpoint was not persisted")
+
+
+def _warn_once() -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        logger.warning(
+            "report(checkpoint=...) keeps nothing without a storage path: give run(..., "
+            "storage_path=...), create_settings(storage_path=...) or --storage-path"
+        )

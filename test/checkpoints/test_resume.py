@@ -1,0 +1,121 @@
+"""Checkpoints and resume on real Ray and real Horovod: restarts, new drivers, run names,
+the executor, storage failures."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow.fs
+import pytest
+from ray.train import Checkpoint, CheckpointConfig
+
+import horovod_ray
+from horovod_ray import CheckpointError, RayExecutor, Result, WorkerFailedError
+from test.checkpointed_training import checkpointed_sum, expected_state
+from test.conftest import alive_actors
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _steps(result: Result) -> list[int]:
+    return [metrics["step"] for _, metrics in result.best_checkpoints]
+
+
+@pytest.mark.parametrize(
+    "framework, as_uri", [("torch", False), ("tensorflow", True)], ids=["torch", "tensorflow-uri"]
+)
+def test_a_restart_resumes_at_the_failed_step_on_every_rank(
+    ray_4cpu, no_leaks, tmp_path, framework, as_uri
+):
+    storage_path = f"file://{tmp_path}" if as_uri else str(tmp_path)
+    results = horovod_ray.run(
+        checkpointed_sum,
+        args=[{"steps": 6, "die_at": 3, "framework": framework}],
+        num_slots=2,
+        max_restarts=1,
+        storage_path=storage_path,
+        name="run",
+        checkpoint_config=CheckpointConfig(num_to_keep=2),
+    )
+    # Rank 1 died at step 3 once step 3's checkpoint was committed: both ranks of the
+    # second attempt started there, and the sum is an uninterrupted run's.
+    assert [r["resumed_from"] for r in results] == [3, 3]
+    assert [r["state"] for r in results] == [expected_state(6)] * 2
+    result = Result.from_path(f"{storage_path}/run")
+    assert result.metrics == {"state": expected_state(6), "step": 6, "resumed_from": [3, 3]}
+    assert _steps(result) == [5, 6]  # num_to_keep=2: the newest two
+    with result.checkpoint.as_directory() as directory:
+        assert '"step": 6' in open(os.path.join(directory, "state.json")).read()
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "checkpoint_000005",
+        "checkpoint_000005.json",
+        "checkpoint_000006",
+        "checkpoint_000006.json",
+        "metrics.json",
+    ]
+
+
+def test_a_new_driver_resumes_its_run_and_another_name_starts_over(ray_4cpu, no_leaks, tmp_path):
+    # Not the plain local filesystem: a pyarrow SubTreeFileSystem, which travels pickled.
+    filesystem = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+    storage = {"storage_path": "runs", "storage_filesystem": filesystem}
+    first = horovod_ray.run(checkpointed_sum, args=[{"steps": 2}], num_slots=2, name="a", **storage)
+    again = horovod_ray.run(checkpointed_sum, args=[{"steps": 5}], num_slots=2, name="a", **storage)
+    other = horovod_ray.run(checkpointed_sum, args=[{"steps": 1}], num_slots=2, name="b", **storage)
+    assert [r["resumed_from"] for r in first] == [0, 0]
+    assert [r["resumed_from"] for r in again] == [2, 2]
+    assert [r["state"] for r in again] == [expected_state(5)] * 2
+    assert [r["resumed_from"] for r in other] == [0, 0]  # "a"'s checkpoints are not "b"'s
+    assert _steps(Result.from_path("runs/a", filesystem)) == [1, 2, 3, 4, 5]
+    assert _steps(Result.from_path("runs/b", filesystem)) == [1]
+    assert sorted(os.listdir(tmp_path / "runs")) == ["a", "b"]
+
+
+def test_an_executor_with_a_storage_resumes_in_its_next_job(ray_4cpu, no_leaks, tmp_path):
+    settings = RayExecutor.create_settings(timeout_s=60, storage_path=str(tmp_path), name="x")
+    resumed = []
+    for steps in (2, 3):
+        with RayExecutor(settings, num_workers=2) as executor:  # started on entry
+            results = executor.run(checkpointed_sum, args=[{"steps": steps}])
+            resumed.append([r["resumed_from"] for r in results])
+    assert resumed == [[0, 0], [2, 2]]
+    assert Result.from_path(f"{tmp_path}/x").metrics["state"] == expected_state(3)
+
+
+def _upload_then_break_the_storage(run_path: str) -> None:
+    """Rank 0 reports a checkpoint, waits until it is committed, replaces the run's folder
+    with a file, and reports another: its upload fails."""
+    import tempfile
+
+    for step in (1, 2):
+        with tempfile.TemporaryDirectory() as directory:
+            horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
+        while step == 1 and not os.path.exists(f"{run_path}/checkpoint_000001.json"):
+            time.sleep(0.05)
+        if step == 1:
+            os.rename(run_path, f"{run_path}.moved")
+            open(run_path, "w").close()
+
+
+def test_a_failed_upload_fails_the_job_with_a_checkpoint_error(ray_4cpu, no_leaks, tmp_path):
+    with pytest.raises(WorkerFailedError, match=r"CheckpointError: could not upload checkpoint"):
+        horovod_ray.run(
+            _upload_then_break_the_storage,
+            args=[f"{tmp_path}/r"],
+            num_slots=1,
+            storage_path=str(tmp_path),
+            name="r",
+        )
+    assert sorted(os.listdir(tmp_path / "r.moved")) == [
+        "checkpoint_000001",
+        "checkpoint_000001.json",
+        "metrics.json",
+    ]
+
+
+def test_a_storage_that_cannot_be_read_fails_before_any_rank_starts(ray_4cpu, no_leaks, tmp_path):
+    (tmp_path / "run").write_text("")  # where the run's folder should be
+    with pytest.raises(CheckpointError, match=r"could not list the run's folder .*/run: "):
+        horovod_ray.run(os.getpid, num_slots=2, storage_path=str(tmp_path), name="run")
+    assert alive_actors() == []

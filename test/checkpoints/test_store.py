@@ -1,0 +1,204 @@
+"""The run's folder without Ray: what is kept, what counts as committed, how the storage
+travels to a rank, and the upload thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import types
+
+import pyarrow.fs
+import pytest
+from ray.train import Checkpoint, CheckpointConfig
+
+from horovod_ray import CheckpointError, ConfigError, Result
+from horovod_ray.checkpoints import spec, store, upload
+from horovod_ray.checkpoints.store import Entry
+from horovod_ray.rank import report
+
+pytestmark = pytest.mark.unit
+
+
+def _entries(*losses: float | None, uncommitted: tuple[int, ...] = ()) -> list[Entry]:
+    entries = [
+        Entry(index, True, {} if loss is None else {"loss": loss})
+        for index, loss in enumerate(losses, start=1)
+    ]
+    return entries + [Entry(index, False) for index in uncommitted]
+
+
+@pytest.mark.parametrize(
+    "entries, keep, attribute, order, committing, removed",
+    [
+        # The docstring's example: the best two by min loss, and the latest.
+        (_entries(0.5, 0.2, 0.9, 0.7), 2, "loss", "min", 4, [3]),
+        (_entries(0.5, 0.2, 0.9, 0.7), 1, "loss", "max", 4, [1, 2]),
+        # By age: the newest N.
+        (_entries(0.5, 0.2, 0.9, 0.7), 2, None, "max", 4, [1, 2]),
+        (_entries(0.5, 0.2, 0.9, 0.7), None, None, "max", 4, []),
+        # A checkpoint without the metric ranks last (the latest stays anyway).
+        (_entries(None, 0.2, 0.1), 1, "loss", "min", 3, [1, 2]),
+        (_entries(None, 0.3, 0.1, None), 1, "loss", "min", 4, [1, 2]),
+        # Unfinished folders below the one committing go; one above it is another's.
+        (_entries(0.1, uncommitted=(2, 9)), None, None, "max", 3, [2]),
+        (_entries(0.1, 0.2, uncommitted=(3,)), 5, None, "max", 4, [3]),
+    ],
+)
+def test_to_remove(entries, keep, attribute, order, committing, removed):
+    assert store.to_remove(entries, keep, attribute, order, committing) == removed
+
+
+def test_latest_is_committed_and_the_next_number_passes_every_folder():
+    entries = _entries(0.1, 0.2, uncommitted=(3,))
+    assert store.latest(entries).index == 2
+    assert store.next_index(entries) == 4
+    assert store.latest([Entry(1, False)]) is None
+    assert store.next_index([]) == 1
+
+
+def _config(num_to_keep, attribute=None, order="max") -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        num_to_keep=num_to_keep,
+        checkpoint_score_attribute=attribute,
+        checkpoint_score_order=order,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter, text",
+    [
+        ({"storage_path": None, "name": "a"}, "name", "give storage_path"),
+        ({"storage_path": None, "checkpoint_config": _config(1)}, "checkpoint_config", "give"),
+        ({"storage_path": 3}, "storage_path", "a folder or a URI"),
+        ({"storage_path": "x", "name": "a/b"}, "name", "without '/'"),
+        ({"storage_path": "x", "name": ".."}, "name", "a folder name"),
+        ({"storage_path": "x", "checkpoint_config": {"num_to_keep": 1}}, "checkpoint_config", "a "),
+        # Ray's own CheckpointConfig refuses these itself; a look-alike may not.
+        ({"storage_path": "x", "checkpoint_config": _config(0)}, "checkpoint_config", "None"),
+        ({"storage_path": "x", "checkpoint_config": _config(True)}, "checkpoint_config", "True"),
+        ({"storage_path": "x", "checkpoint_config": _config(1, 3)}, "checkpoint_config", "name"),
+        (
+            {"storage_path": "x", "checkpoint_config": _config(1, order="up")},
+            "checkpoint_config",
+            "'max' or 'min'",
+        ),
+        ({"storage_path": "x", "storage_filesystem": "/tmp"}, "storage_filesystem", "pyarrow"),
+        ({"storage_path": "nope://bucket/x"}, "storage_path", "not a URI pyarrow can open"),
+    ],
+)  # fmt: skip
+def test_bad_checkpoint_parameters_name_themselves(kwargs, parameter, text):
+    with pytest.raises(ConfigError, match=text) as raised:
+        spec.create(**kwargs)
+    assert raised.value.parameter == parameter
+
+
+def test_a_run_without_a_name_gets_one_from_the_time(tmp_path):
+    storage = spec.create(str(tmp_path))
+    assert storage.name.startswith("horovod_ray_20")
+    assert storage.run_path == f"{tmp_path}/{storage.name}"
+
+
+@pytest.mark.parametrize("kind", ["local", "uri", "subtree"])
+def test_the_storage_reaches_a_rank_as_it_was_given(tmp_path, kind):
+    if kind == "subtree":
+        subtree = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+        storage = spec.create("runs", "r", CheckpointConfig(2, "loss", "min"), subtree)
+    else:
+        path = f"file://{tmp_path}" if kind == "uri" else str(tmp_path)
+        storage = spec.create(path, "r", CheckpointConfig(2, "loss", "min"))
+    env = storage.to_env(f"{storage.run_path}/checkpoint_000001")
+    assert spec.RunStorage.from_env(env) == storage
+    assert env[spec.CHECKPOINT_ENV] == f"{storage.run_path}/checkpoint_000001"
+    assert spec.RunStorage.from_env({}) is None
+
+
+def _folder(tmp_path, name: str, text: str) -> Checkpoint:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "model.txt").write_text(text)
+    return Checkpoint.from_directory(str(folder))
+
+
+def test_uploads_commit_in_order_and_keep_the_best(tmp_path):
+    storage = spec.create(str(tmp_path), "run", CheckpointConfig(2, "loss", "min"))
+    uploader = upload.Uploader(storage)
+    for step, loss in enumerate([0.5, 0.2, 0.9, 0.7], start=1):
+        checkpoint = _folder(tmp_path, f"c{step}", str(step))
+        assert uploader.submit({"step": step, "loss": loss}, checkpoint) == step
+        shutil.rmtree(checkpoint.path)  # the caller's folder may go once report returns
+    uploader.submit_metrics({"step": 5})
+    uploader.flush()
+    result = Result.from_path(f"{tmp_path}/run")
+    assert [m["step"] for _, m in result.best_checkpoints] == [1, 2, 4]
+    assert result.metrics == {"step": 5}
+    with result.checkpoint.as_directory() as directory:
+        assert open(os.path.join(directory, "model.txt")).read() == "4"
+    mine = f"{upload.STAGING_PREFIX}{os.getpid()}-"
+    assert [name for name in os.listdir(tempfile.gettempdir()) if name.startswith(mine)] == []
+
+
+def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it(tmp_path):
+    subtree = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+    storage = spec.create("runs", "r", None, subtree)
+    store.commit(storage, 1, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
+    # What a job that failed during an upload leaves: a folder without its marker.
+    (tmp_path / "runs" / "r" / "checkpoint_000002").mkdir()
+    entries = store.list_entries(storage)
+    assert [(e.index, e.committed) for e in entries] == [(1, True), (2, False)]
+    assert store.latest(entries).index == 1
+    assert store.job_env(storage)[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
+    uploader = upload.Uploader(storage)
+    assert uploader.submit({"step": 2}, _folder(tmp_path, "c2", "2")) == 3  # past the folder
+    uploader.flush()
+    assert sorted(os.listdir(tmp_path / "runs" / "r")) == [
+        "checkpoint_000001",
+        "checkpoint_000001.json",
+        "checkpoint_000003",
+        "checkpoint_000003.json",
+        "metrics.json",
+    ]
+
+
+def test_a_failed_upload_is_raised_by_the_next_report_and_by_flush(tmp_path):
+    storage = spec.create(str(tmp_path), "run")
+    uploader = upload.Uploader(storage)
+    uploader.submit({}, _folder(tmp_path, "c1", "1"))
+    uploader.flush()
+    shutil.rmtree(tmp_path / "run")
+    (tmp_path / "run").write_text("")  # the run's folder is now a file
+    uploader.submit({}, _folder(tmp_path, "c2", "2"))
+    with pytest.raises(CheckpointError, match=r"could not upload checkpoint to .*run/checkpoint"):
+        uploader.flush()
+    with pytest.raises(CheckpointError):
+        uploader.submit({}, _folder(tmp_path, "c3", "3"))
+
+
+def test_a_run_folder_that_is_not_there_reads_as_empty(tmp_path):
+    result = Result.from_path(f"{tmp_path}/nothing")
+    assert (result.metrics, result.checkpoint, result.best_checkpoints) == ({}, None, [])
+
+
+def test_without_a_storage_report_keeps_nothing_and_says_so_once(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(spec.STORAGE_ENV, raising=False)
+    monkeypatch.setenv(spec.CHECKPOINT_ENV, "")
+    monkeypatch.setattr(report, "_warned", False)
+    with caplog.at_level(logging.WARNING, logger=report.__name__):
+        for _ in range(2):
+            report.report({"loss": 1.0}, checkpoint=_folder(tmp_path, f"c{_}", "x"))
+    assert [r.message for r in caplog.records if "storage path" in r.message] == [
+        "report(checkpoint=...) keeps nothing without a storage path: give run(..., "
+        "storage_path=...), create_settings(storage_path=...) or --storage-path"
+    ]
+    assert report.get_checkpoint() is None
+
+
+@pytest.mark.parametrize(
+    "metrics, checkpoint, parameter",
+    [([1], None, "metrics"), ({}, "/tmp/folder", "checkpoint")],
+)
+def test_report_refuses_what_is_not_a_dict_or_a_checkpoint(metrics, checkpoint, parameter):
+    with pytest.raises(ConfigError) as raised:
+        report.report(metrics, checkpoint=checkpoint)
+    assert raised.value.parameter == parameter

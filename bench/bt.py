@@ -244,18 +244,6 @@ def bt(mode: Mode) -> dict:
     return out
 
 
-def in_own_process(mode_name: str) -> dict:
-    """BT in a fresh interpreter (see the module's docstring); its figures."""
-    import subprocess
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run(
-            [sys.executable, "-m", "bench.bt", mode_name, out.name], check=True, timeout=1800
-        )
-        with open(out.name) as handle:
-            return json.load(handle)
-
-
 def main(argv: list[str]) -> int:
     """``python -m bench.bt MODE OUT``: BT on a local Ray of its own; JSON to OUT."""
     from bench.common import MODES

@@ -58,6 +58,7 @@ class Mode:
     scale_reps: int
     scale_deadline_s: float  # a rendezvous still going then is recorded as bound
     scale_start_sizes: tuple[int, ...]  # --only scale_start: real ranks on 2 Ray nodes
+    resume_reps: int = 1  # B12: each repetition, a restart of horovod_ray's and Ray Train's
 
 
 MODES = {
@@ -66,7 +67,7 @@ MODES = {
         b4_trials=4, b4_reps=1, b5_points=((1, 1), (2, 1), (2, 2), (4, 2), (4, 4)), b5_reps=1,
         b6_reps=2, b6e_reps=2, script_reps=2, b9_reps=2,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=3, scale_deadline_s=60,
-        scale_start_sizes=(8, 16, 32),
+        scale_start_sizes=(8, 16, 32), resume_reps=3,
     ),
     # One repetition of each comparison: a pair per ratio, no spreads (see "How to run").
     "quick": Mode(
@@ -126,6 +127,30 @@ def alternate(
             runs[name].append(value)
             print(f"  rep {rep + 1}/{reps}  {name:<22} {value:10.4f}", flush=True)
     return runs
+
+
+def in_own_process(module: str, mode_name: str, timeout_s: float = 1800) -> dict:
+    """``python -m module MODE OUT`` in a fresh interpreter (Ray Train v2 cannot share
+    one with the v1 API that B2 uses); the figures it wrote to OUT."""
+    import json
+    import signal
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        # In a session of its own: on a timeout its whole group goes, raylets included.
+        child = subprocess.Popen(
+            [sys.executable, "-m", module, mode_name, out.name], start_new_session=True
+        )
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+        if code != 0:
+            raise RuntimeError(f"{module} exited with {code}")
+        with open(out.name) as handle:
+            return json.load(handle)
 
 
 # ------------------------------------------------------------------------------- machine

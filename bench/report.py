@@ -105,6 +105,12 @@ def _print_b6(results: dict) -> None:
         print(f"B10 Ray Train v2, drained with a {deadline} s deadline")
         print(_row("to 2 workers", results["b10_train_v2_to_two_workers_s"], "s"))
         print(_row("steps done again", results["b10_train_v2_steps_done_again"], ""))
+    if "b12_resume_s" in results:
+        print("B12 from a rank's death to the first step of the resumed job (s)")
+        for name, s in results["b12_resume_s"].items():
+            print(_row(name, s, "s"))
+            print(_row("  steps done again", results["b12_steps_done_again"][name], ""))
+        print(f"  b12_ratio_vs_train_v2 {results['b12_ratio_vs_train_v2']:.3f}")
     if "b11_to_max_workers_s" in results:
         print("B11 an elastic job on the nodes the autoscaler launches for it (s)")
         print(_row("run() to 6 ranks", results["b11_to_max_workers_s"], "s"))

@@ -12,7 +12,8 @@ docs/benchmarks.rst.
 
 This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
 sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
-``bench.b9`` (restarts and hangs), ``bench.cloud`` (B10, a node drained against one
+``bench.b9`` (restarts and hangs; B12, a restart that resumes, against Ray Train v2, in
+``bench.resume``), ``bench.cloud`` (B10, a node drained against one
 lost, with Ray Train v2's answer in ``bench.train_drain``; B11, the autoscaler) and
 ``bench.scale``; what they share is in ``bench.common``; the table and the plots in
 ``bench.report``.
@@ -31,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import b1, b2, b3, b4, b5, b6, b9, bt, cloud, report, scale, scripts, train_drain
-from bench.common import MODES, NUM_CPUS, RESULTS, Mode
+from bench import b1, b2, b3, b4, b5, b6, b9, cloud, report, scale, scripts
+from bench.common import MODES, NUM_CPUS, RESULTS, Mode, in_own_process
 from horovod_ray import local_ray
 
 
@@ -49,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument(
         "--only",
-        default="b1,b2,b3,b4,b5,b6,b6e,drain,train_drain,autoscaler,b7,b8,b9",
+        default="b1,b2,b3,b4,b5,b6,b6e,drain,train_drain,autoscaler,b7,b8,b9,resume",
         help="comma-separated subset",
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -109,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     may_install = args.mode != "smoke"
     _on_local_ray(parts, mode, may_install, sweep_points)
     _on_their_own_ray(parts, mode, may_install)
-    parts.run("bt", bt.in_own_process, args.mode)  # --only bt: PyTorch against its peers
-    parts.run("train_drain", train_drain.in_own_process, args.mode)  # B10's Ray Train v2
+    parts.run("bt", in_own_process, "bench.bt", args.mode)  # --only bt: PyTorch's peers
+    parts.run("train_drain", in_own_process, "bench.train_drain", args.mode)  # B10's Train v2
+    parts.run("resume", in_own_process, "bench.resume", args.mode)  # B12, against Train v2
     results["parts_s"] = parts.seconds
     results["wall_s"] = time.perf_counter() - started
     _write(results, out_path)

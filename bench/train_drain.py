@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -146,28 +145,6 @@ def train_drain(mode: Mode) -> dict:
         "b10_train_v2_steps_done_again": summary(again),
         "b10_train_v2_deadline_s": DEADLINE_S,
     }
-
-
-def in_own_process(mode_name: str) -> dict:
-    """B10's Ray Train v2 part in a fresh interpreter; its figures."""
-    import subprocess
-
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        # In a session of its own: on a timeout its whole group goes, raylets included.
-        child = subprocess.Popen(
-            [sys.executable, "-m", "bench.train_drain", mode_name, out.name],
-            start_new_session=True,
-        )
-        try:
-            code = child.wait(timeout=1800)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            raise
-        if code != 0:
-            raise RuntimeError(f"bench.train_drain exited with {code}")
-        with open(out.name) as handle:
-            return json.load(handle)
 
 
 def main(argv: list[str]) -> int:

@@ -66,6 +66,8 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "restart_s",
         "restart_ratio_vs_manual",
         "hang_detect_s",
+        "b12_resume_s",
+        "b12_ratio_vs_train_v2",
     ):
         numbers = _numbers(figures[key])
         assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key
@@ -79,6 +81,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
     assert set(figures["b7_script_s"]) == {"horovodrun", "horovod-ray local", "horovod-ray joining"}
     assert list(figures["b8_parts_s"]) == ["start and imports", "ray.init", "job", "exit"]
     assert figures["b10_steps_begun_twice"]["drained"] == 0  # left at a commit: no rollback
+    assert set(figures["b12_steps_done_again"]) == {"horovod_ray", "Ray Train v2"}
     # B6 needs simulated hosts (root, ip netns); without them it says why.
     assert figures.get("b6_skipped") or _numbers(figures["b6_allreduce_mbps"]["horovod_ray"])
     for plot in figures["plots"]:

@@ -218,7 +218,7 @@ class RayExecutor:
             self._cancel.check()
         except BaseException as err:
             cancelled = self._cancel.is_set()
-            self._lifecycle.finish_start(lambda: kind.stop(grace_s=0), cancelled)
+            self._lifecycle.finish_start(lambda: self._release(grace_s=0), cancelled)
             error = start_error(err, cancelled)
             if isinstance(error, KeyboardInterrupt):
                 raise error from None
@@ -347,7 +347,7 @@ class RayExecutor:
         except BaseException as err:
             failing()
             if moved:
-                self._lifecycle.end(lambda: kind.stop(grace_s=0), ExecutorState.FAILED)
+                self._lifecycle.end(lambda: self._release(grace_s=0), ExecutorState.FAILED)
             interrupt = interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
@@ -383,12 +383,19 @@ class RayExecutor:
         busy, moved = self._calls.close()  # no call begins once this moved
         if moved:
             grace_s = 0 if busy else STOP_GRACE_S
-            lifecycle.end(lambda: self._job.stop(grace_s=grace_s), ExecutorState.STOPPED)
+            lifecycle.end(lambda: self._release(grace_s=grace_s), ExecutorState.STOPPED)
         elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
             # Another thread is stopping it (a stop(), a failed call): released once it ends.
             logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
 
     shutdown = stop
+
+    def _release(self, grace_s: float) -> None:
+        """Stops the job's ranks, then keeps only what the storage's ``num_to_keep``
+        says: the checkpoint the job started from was kept while its ranks might read it."""
+        self._job.stop(grace_s=grace_s)
+        if self.settings.storage is not None:
+            store.prune(self.settings.storage)
 
     def __enter__(self) -> RayExecutor:
         if self.state is ExecutorState.CREATED:

@@ -83,8 +83,9 @@ def run(
             (default 1).
         max_restarts: Static jobs: after a failure (a rank raised or died, a node was
             lost), stop the job and run it again as a new one, up to this many times,
-            waiting 1 s, then 2 s, 4 s, ... (at most 60 s) before each; ``attempt()``
-            inside ``train_fn`` says which attempt it is, to resume from a checkpoint.
+            waiting 1 s, then 2 s, 4 s, ... (at most 60 s) before each; with a
+            ``storage_path``, ``get_checkpoint()`` inside ``train_fn`` gives the latest
+            checkpoint to resume from, and ``attempt()`` says which attempt it is.
         stall_timeout_s: Seconds ranks may wait in a collective another rank never
             enters before the job fails with ``HangError`` (default 600; 0: off).
         niceness: The ranks' niceness, 0 (horovodrun's) to 19; None keeps Ray's (see

@@ -91,7 +91,7 @@ def test_the_folders_import_each_other_one_way_only():
 # The arrows between folders, as docs/architecture.rst lists them ("X uses Y, Z").
 DRAWN = {
     "cli": {"checkpoints", "executor", "errors", "failures", "local_ray", "rank", "settings"},
-    "tune": {"executor", "errors", "job", "rank", "settings"},
+    "tune": {"checkpoints", "executor", "errors", "job", "rank", "settings"},
     "run": {"executor", "errors", "failures", "local_ray", "rank", "settings"},
     "executor": {"checkpoints", "errors", "job", "rank", "settings"},
     "job": {"errors", "failures", "rank", "rendezvous", "settings", "stack"},

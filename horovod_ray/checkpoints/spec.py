@@ -173,6 +173,14 @@ def _filesystem(storage_path: str, storage_filesystem: object) -> tuple[pyarrow.
                 f"storage_filesystem must be a pyarrow.fs.FileSystem, got "
                 f"{type(storage_filesystem).__name__}",
             )
+        try:  # now, not when the first job starts: it travels to the ranks pickled
+            cloudpickle.dumps(storage_filesystem)
+        except Exception as err:
+            raise ConfigError(
+                "storage_filesystem",
+                f"storage_filesystem cannot be pickled to send to the ranks: "
+                f"{type(err).__name__}: {err}",
+            ) from err
         return storage_filesystem, storage_path
     if "://" not in storage_path:
         return pyarrow.fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(storage_path))

@@ -7,7 +7,9 @@ Layout, under ``storage_path/name``::
     metrics.json              the last metrics reported, with or without a checkpoint
 
 A checkpoint folder without its marker is an upload that did not finish (the job failed
-during it): it is never taken as the latest, and the next commit removes it. Removing a
+during it): it is never taken as the latest, and the next commit removes it. The JSON
+files are written under a temporary name and moved into place, so a reader never sees
+half of one (a marker that cannot be read anyway counts as missing). Removing a
 checkpoint removes the marker first, so a half-removed one is no longer taken either.
 The choices (latest, next number, what to remove) are pure functions over
 :class:`Entry` records.
@@ -18,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
 from horovod_ray.checkpoints.spec import RunStorage
-from horovod_ray.errors import CheckpointError
+from horovod_ray.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -62,6 +66,12 @@ def folder_name(index: int) -> str:
     return f"checkpoint_{index:06d}"
 
 
+def index_of(path: str | None) -> int | None:
+    """The number of the checkpoint at ``path`` (a run's ``checkpoint_000003``), or None."""
+    match = _NAME.match((path or "").rstrip("/").rpartition("/")[2])
+    return None if match is None or match.group(2) else int(match.group(1))
+
+
 # ------------------------------------------------------------------------ pure choices
 
 
@@ -98,11 +108,13 @@ def to_remove(
     attribute: str | None,
     order: str,
     committing: int,
+    protected: int | None = None,
 ) -> list[int]:
     """Which checkpoint numbers to remove once checkpoint ``committing`` is committed.
 
-    Kept: the ``num_to_keep`` best, and the latest whatever its score (a restart resumes
-    from it, as Ray Train keeps it). Removed too: unfinished folders numbered below
+    Kept: the ``num_to_keep`` best, the latest whatever its score (a restart resumes
+    from it, as Ray Train keeps it), and ``protected`` (the one the job started from,
+    which its ranks may still read). Removed too: unfinished folders numbered below
     ``committing`` (an upload of an earlier job that failed during it).
 
     Example: numbers 1..4 committed with loss 0.5, 0.2, 0.9, 0.7, num_to_keep 2, "loss"
@@ -117,6 +129,7 @@ def to_remove(
     newest = latest(entries)
     if newest is not None:
         keep.add(newest.index)
+    keep.add(protected)
     return removed + sorted(entry.index for entry in best if entry.index not in keep)
 
 
@@ -152,37 +165,69 @@ def list_entries(storage: RunStorage) -> list[Entry]:
             folders.add(index)
     entries = []
     for index in sorted(folders | markers):
-        committed = index in markers
-        metrics = _read_json(storage, f"{folder_name(index)}.json").get("metrics", {})
-        entries.append(Entry(index, committed, metrics if committed else {}))
+        marker = _read_json(storage, f"{folder_name(index)}.json") if index in markers else None
+        committed = isinstance(marker, dict) and isinstance(marker.get("metrics"), dict)
+        entries.append(Entry(index, committed, marker["metrics"] if committed else {}))
     return entries
 
 
-def _read_json(storage: RunStorage, name: str) -> dict:
+def _read_json(storage: RunStorage, name: str) -> Any:
+    """The JSON file ``name`` in the run's folder; None when it is missing or is not JSON.
+
+    Raises:
+        CheckpointError: The storage could not be read.
+    """
     path = f"{storage.run_path}/{name}"
     try:
         with storage.filesystem.open_input_stream(path) as stream:
-            return json.loads(stream.read().decode())
+            text = stream.read()
     except FileNotFoundError:
-        return {}
-    except (*_storage_errors(), ValueError) as err:
+        return None
+    except _storage_errors() as err:
         raise _failed("read", path, err) from err
+    try:
+        return json.loads(text.decode())
+    except ValueError:
+        return None
 
 
 def _write_json(storage: RunStorage, name: str, value: dict) -> None:
+    """Writes ``name`` whole or not at all: under a temporary name, then moved."""
     path = f"{storage.run_path}/{name}"
-    text = json.dumps(value, default=repr, sort_keys=True).encode()
-    with storage.filesystem.open_output_stream(path) as stream:
+    text = json.dumps(value, default=_plain, sort_keys=True).encode()
+    partial = f"{path}.{uuid.uuid4().hex}.partial"
+    with storage.filesystem.open_output_stream(partial) as stream:
         stream.write(text)
+    storage.filesystem.move(partial, path)
+
+
+def _plain(value: object) -> object:
+    """A metric JSON cannot hold as it is: a NumPy or framework scalar as its number
+    (``.item()``), anything else as its ``repr``."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            plain = item()
+        except (TypeError, ValueError):  # not a scalar (an array of several values)
+            return repr(value)
+        if isinstance(plain, (bool, int, float, str)) or plain is None:
+            return plain
+    return repr(value)
 
 
 def checkpoint_path(storage: RunStorage, index: int) -> str:
     return f"{storage.run_path}/{folder_name(index)}"
 
 
-def commit(storage: RunStorage, index: int, local_dir: str, metrics: dict) -> None:
-    """Uploads ``local_dir`` as checkpoint ``index``, then writes its marker, then
+def commit(storage: RunStorage, local_dir: str, metrics: dict, protected: int | None = None) -> int:
+    """Uploads ``local_dir`` as the run's next checkpoint, then writes its marker, then
     removes what the run no longer keeps (see :func:`to_remove`).
+
+    The number is chosen now, past every folder there, so that a restarted job, a new
+    driver or another process that became rank 0 never writes into an earlier one.
+
+    Returns:
+        The checkpoint's number.
 
     Raises:
         CheckpointError: A read or write failed; what was there before stays as it was
@@ -190,6 +235,7 @@ def commit(storage: RunStorage, index: int, local_dir: str, metrics: dict) -> No
     """
     import pyarrow.fs
 
+    index = next_index(list_entries(storage))
     fs, destination = storage.filesystem, checkpoint_path(storage, index)
     try:
         fs.create_dir(destination, recursive=True)
@@ -203,12 +249,35 @@ def commit(storage: RunStorage, index: int, local_dir: str, metrics: dict) -> No
         _write_json(storage, f"{folder_name(index)}.json", marker)
     except _storage_errors() as err:
         raise _failed("upload checkpoint to", destination, err) from err
-    write_metrics(storage, metrics)
     entries = list_entries(storage)
     for removed in to_remove(
-        entries, storage.num_to_keep, storage.score_attribute, storage.score_order, index
+        entries,
+        storage.num_to_keep,
+        storage.score_attribute,
+        storage.score_order,
+        index,
+        protected,
     ):
         remove(storage, removed)
+    return index
+
+
+def prune(storage: RunStorage) -> None:
+    """Applies the keep policy once a job has ended: its starting checkpoint is no longer
+    protected, and an unfinished folder is an upload that was cut off. A storage that
+    fails is logged, not raised: the job's outcome is what its caller needs."""
+    try:
+        entries = list_entries(storage)
+        for index in to_remove(
+            entries,
+            storage.num_to_keep,
+            storage.score_attribute,
+            storage.score_order,
+            next_index(entries),
+        ):
+            remove(storage, index)
+    except CheckpointError as err:
+        logger.warning("the run's old checkpoints were not removed: %s", err)
 
 
 def write_metrics(storage: RunStorage, metrics: dict) -> None:
@@ -263,6 +332,35 @@ def as_checkpoint(storage: RunStorage, index: int) -> Any:
     return Checkpoint(checkpoint_path(storage, index), filesystem=storage.filesystem)
 
 
+def _storage_at(path: object, filesystem: object) -> RunStorage:
+    """The run's folder at ``path`` as a storage to read (nothing to keep, no name)."""
+    import pyarrow.fs
+
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ConfigError("path", f"path must be a run's folder or URI (str), got {path!r}")
+    if filesystem is not None:
+        if not isinstance(filesystem, pyarrow.fs.FileSystem):
+            raise ConfigError(
+                "storage_filesystem",
+                f"storage_filesystem must be a pyarrow.fs.FileSystem, got "
+                f"{type(filesystem).__name__}",
+            )
+        run_path = path.rstrip("/")
+    elif "://" in path:
+        try:
+            filesystem, run_path = pyarrow.fs.FileSystem.from_uri(path)
+        except (*_storage_errors(), ValueError) as err:
+            raise ConfigError(
+                "path", f"path {path!r} is not a URI pyarrow can open: {err}"
+            ) from err
+    else:
+        filesystem = pyarrow.fs.LocalFileSystem()
+        run_path = os.path.abspath(os.path.expanduser(path))
+    return RunStorage(filesystem, run_path, run_path.rstrip("/").rpartition("/")[2])
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """What a run left in its folder, read back (by the driver, after or during a run).
@@ -286,18 +384,18 @@ class Result:
     def from_path(
         cls, path: str, storage_filesystem: pyarrow.fs.FileSystem | None = None
     ) -> Result:
-        """Reads the run at ``path`` (``storage_path/name``, as given to ``run()``).
+        """Reads the run at ``path`` (``storage_path/name``, as given to ``run()``): a
+        local folder, a URI (``s3://bucket/runs/name``), or a path on
+        ``storage_filesystem``.
 
         Raises:
             ConfigError: ``path`` or ``storage_filesystem`` is not valid.
             CheckpointError: The run's folder could not be read.
         """
-        from horovod_ray.checkpoints import spec
-
-        parent, _, name = str(path).rstrip("/").rpartition("/")
-        storage = spec.create(parent or "/", name, None, storage_filesystem)
+        storage = _storage_at(path, storage_filesystem)
         entries = list_entries(storage)
-        metrics = _read_json(storage, METRICS_FILE).get("metrics", {})
+        record = _read_json(storage, METRICS_FILE)
+        metrics = record.get("metrics", {}) if isinstance(record, dict) else {}
         newest = latest(entries)
         return cls(
             path=storage.run_path,

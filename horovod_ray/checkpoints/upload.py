@@ -3,12 +3,13 @@
 ``report(metrics, checkpoint=...)`` copies the checkpoint's files to a local staging
 folder (the caller may delete its own folder as soon as report returns) and hands them
 to one upload thread, which commits them in order (see ``store.commit``). Training goes on
-meanwhile; it waits only when ``PENDING`` checkpoints already wait to be uploaded, so a
-storage slower than the checkpoints it is given slows training down rather than filling
-the disk. A failed upload is raised, as a :class:`CheckpointError`, from the next
-``report`` or from :meth:`Uploader.flush`, which the rank runs when the user's function
-returns. A job that fails while an upload runs cuts it off: that checkpoint was never
-committed, and the restarted job resumes from the one before.
+meanwhile; it waits only when ``PENDING`` checkpoints are already staged or uploading, so
+a storage slower than the checkpoints it is given slows training down rather than
+filling the disk, and a job that fails loses at most that many. A failed upload is
+raised, as a :class:`CheckpointError`, from the next ``report`` or from
+:meth:`Uploader.flush`, which the rank runs when the user's function returns. A job that
+fails while an upload runs cuts it off: that checkpoint was never committed, and the
+restarted job resumes from the one before.
 """
 
 from __future__ import annotations
@@ -27,59 +28,69 @@ from horovod_ray.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-# Checkpoints that may wait for the upload thread before report() waits too.
+# Checkpoints that may be staged or uploading at once before report() waits.
 PENDING = 2
+# A staging folder's name: this prefix, the process id, a random suffix.
 STAGING_PREFIX = "horovod_ray-upload-"
 _METRICS = object()  # a queue item: write the latest metrics-only report
 
 
 class Uploader:
-    """One process's upload thread for one run's storage."""
+    """One process's upload thread for one run's storage.
 
-    def __init__(self, storage: RunStorage) -> None:
+    Args:
+        storage: The run's storage.
+        protected: A checkpoint number the keep policy must not remove (the one this job
+            started from, which its ranks may still be reading).
+    """
+
+    def __init__(self, storage: RunStorage, protected: int | None = None) -> None:
         self.storage = storage
-        self._queue: queue.Queue = queue.Queue(maxsize=PENDING)
+        self._protected = protected
+        self._queue: queue.Queue = queue.Queue()
+        self._slots = threading.BoundedSemaphore(PENDING)
         self._lock = threading.Lock()
         self._error: CheckpointError | None = None
-        self._next_index: int | None = None
-        self._metrics: dict | None = None  # a metrics-only report waiting to be written
+        self._error_raised = False
+        # Reports are numbered in the order they were made, so that the run's last
+        # metrics are never overwritten by an earlier report's that committed later.
+        self._sequence = 0
+        self._written = 0
+        self._metrics: tuple[int, dict] | None = None  # a metrics-only report waiting
+        sweep_stale((STAGING_PREFIX,))
         self._thread = threading.Thread(
             target=self._work, name="horovod_ray-checkpoint-upload", daemon=True
         )
         self._thread.start()
 
-    def submit(self, metrics: dict, checkpoint: Any) -> int:
+    def submit(self, metrics: dict, checkpoint: Any) -> None:
         """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload.
 
-        Returns:
-            The number it will be committed under.
-
         Raises:
-            CheckpointError: An earlier upload failed, or the storage cannot be listed.
+            CheckpointError: An earlier upload failed.
         """
         self.raise_failure()
-        if self._next_index is None:
-            # Once per process: past everything there, so a restarted job or a new driver
-            # never writes over an earlier checkpoint.
-            self._next_index = store.next_index(store.list_entries(self.storage))
-        index = self._next_index
-        self._next_index += 1
+        self._slots.acquire()  # released once its upload is done
         staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
         try:
             with checkpoint.as_directory() as directory:
                 shutil.copytree(directory, staging, dirs_exist_ok=True)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            self._slots.release()
             raise
-        self._queue.put((index, staging, metrics))
-        return index
+        with self._lock:
+            self._sequence += 1
+            sequence = self._sequence
+        self._queue.put((sequence, staging, metrics))
 
     def submit_metrics(self, metrics: dict) -> None:
         """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one."""
         self.raise_failure()
         with self._lock:
             waiting = self._metrics is not None
-            self._metrics = metrics
+            self._sequence += 1
+            self._metrics = (self._sequence, metrics)
         if not waiting:
             self._queue.put(_METRICS)
 
@@ -95,7 +106,13 @@ class Uploader:
     def raise_failure(self) -> None:
         error = self._error
         if error is not None:
+            self._error_raised = True
             raise CheckpointError(str(error)) from error
+
+    def unraised_failure(self) -> CheckpointError | None:
+        """The failure of an upload that no call has raised yet (at the process's exit)."""
+        self._queue.join()
+        return None if self._error_raised else self._error
 
     def _work(self) -> None:
         while True:
@@ -103,20 +120,52 @@ class Uploader:
             try:
                 if item is _METRICS:
                     with self._lock:
-                        metrics, self._metrics = self._metrics, None
-                    if self._error is None:
-                        store.write_metrics(self.storage, metrics)
+                        (sequence, metrics), self._metrics = self._metrics, None
+                    self._write_metrics(sequence, metrics)
                     continue
-                index, staging, metrics = item
+                sequence, staging, metrics = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
-                        store.commit(self.storage, index, staging, metrics)
+                        index = store.commit(self.storage, staging, metrics, self._protected)
                         logger.debug("checkpoint %d committed", index)
+                        self._write_metrics(sequence, metrics)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
+                    self._slots.release()
             except CheckpointError as err:
                 self._error = err
             except Exception as err:  # noqa: BLE001 - kept for the training thread
                 self._error = CheckpointError(f"checkpoint upload failed: {err!r}")
             finally:
                 self._queue.task_done()
+
+    def _write_metrics(self, sequence: int, metrics: dict) -> None:
+        if self._error is None and sequence > self._written:
+            store.write_metrics(self.storage, metrics)
+            self._written = sequence
+
+
+def sweep_stale(prefixes: tuple[str, ...], root: str | None = None) -> list[str]:
+    """Removes the folders under ``root`` (the temporary folder by default) that a process
+    which is gone left: each is named a prefix, the process id, ``-`` and a suffix (a
+    process killed with its job never runs the code that removes its own). Returns the
+    names removed."""
+    root = tempfile.gettempdir() if root is None else root
+    removed = []
+    for name in os.listdir(root):
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        pid = name[len(prefix) :].split("-", 1)[0] if prefix else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

@@ -3,8 +3,8 @@
 After a failure (a rank raised or died, a node was lost) the whole job is stopped and a
 new one started, on whatever nodes Ray places it, after a back-off that doubles each time;
 the function runs again from the start. The budget counts for the whole job, not per
-node. Inside the function, :func:`attempt` says which attempt this is, so the function
-can resume from its own checkpoint.
+node. Inside the function, ``horovod_ray.get_checkpoint()`` gives the latest checkpoint
+persisted (with a ``storage_path``), and :func:`attempt` says which attempt this is.
 """
 
 from __future__ import annotations

@@ -22,8 +22,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 from typing import Any, Mapping
 
+from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
@@ -127,7 +129,7 @@ def _rank_uploader() -> Uploader | None:
         storage = RunStorage.from_env()
         if storage is None:
             return None
-        _uploader = Uploader(storage)
+        _uploader = Uploader(storage, protected=store.index_of(os.environ.get(CHECKPOINT_ENV)))
         # A process that is not an actor (a command line's python command) has no call
         # to end: its uploads finish as it exits.
         atexit.register(_flush_at_exit)
@@ -135,10 +137,14 @@ def _rank_uploader() -> Uploader | None:
 
 
 def _flush_at_exit() -> None:
-    try:
-        flush()
-    except Exception:  # noqa: BLE001 - nothing to raise to at exit
-        logger.exception("a checkpoint was not persisted")
+    """Waits for the uploads; one that failed and was never raised fails the process
+    (a command line's command: its job then fails as for any rank's failure)."""
+    failure = _uploader.unraised_failure() if _uploader is not None else None
+    if failure is not None:
+        logger.error("a checkpoint was not persisted: %s", failure)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # an exit handler cannot raise; the exit status must say it
 
 
 def _warn_once() -> None:

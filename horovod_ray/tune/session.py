@@ -26,6 +26,7 @@ from typing import Any, Callable
 import ray
 from ray import tune
 
+from horovod_ray.checkpoints import upload
 from horovod_ray.errors import HorovodRayError
 from horovod_ray.rank import report
 from horovod_ray.rank.logs import post
@@ -163,25 +164,7 @@ def sweep_stale(root: str | None = None) -> list[str]:
     Args:
         root: Where the copies are made (the temporary folder by default).
     """
-    root = tempfile.gettempdir() if root is None else root
-    removed = []
-    for name in os.listdir(root):
-        prefix = next((p for p in (RESTORED_PREFIX, FORWARDED_PREFIX) if name.startswith(p)), None)
-        pid = name[len(prefix) :].split("-", 1)[0] if prefix else ""
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            removed.append(name)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+    return upload.sweep_stale((RESTORED_PREFIX, FORWARDED_PREFIX), root)
 
 
 def rank_main(func: Callable[[dict], Any], config: dict, checkpoint, trial_info: dict) -> None:

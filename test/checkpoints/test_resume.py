@@ -99,7 +99,9 @@ def _upload_then_break_the_storage(run_path: str) -> None:
 
 
 def test_a_failed_upload_fails_the_job_with_a_checkpoint_error(ray_4cpu, no_leaks, tmp_path):
-    with pytest.raises(WorkerFailedError, match=r"CheckpointError: could not upload checkpoint"):
+    with pytest.raises(
+        WorkerFailedError, match=r"CheckpointError: could not list the run.s folder"
+    ):
         horovod_ray.run(
             _upload_then_break_the_storage,
             args=[f"{tmp_path}/r"],
@@ -119,3 +121,43 @@ def test_a_storage_that_cannot_be_read_fails_before_any_rank_starts(ray_4cpu, no
     with pytest.raises(CheckpointError, match=r"could not list the run's folder .*/run: "):
         horovod_ray.run(os.getpid, num_slots=2, storage_path=str(tmp_path), name="run")
     assert alive_actors() == []
+
+
+def _elastic_steps(steps: int) -> int:
+    """horovod's elastic loop, reporting a checkpoint after each commit; returns the step
+    this run started from."""
+    import tempfile
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    start = 0
+    checkpoint = horovod_ray.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            start = int(open(os.path.join(directory, "step")).read())
+    state = hvd.elastic.TorchState(step=start)  # no model: the step alone
+
+    @hvd.elastic.run
+    def loop(state) -> None:
+        while state.step < steps:
+            hvd.allreduce(torch.tensor(1.0))
+            state.step += 1
+            state.commit()
+            with tempfile.TemporaryDirectory() as directory:
+                with open(os.path.join(directory, "step"), "w") as handle:
+                    handle.write(str(state.step))
+                horovod_ray.report(
+                    {"step": state.step}, checkpoint=Checkpoint.from_directory(directory)
+                )
+
+    loop(state)
+    return start
+
+
+def test_an_elastic_jobs_reports_persist_and_its_next_run_resumes(ray_4cpu, no_leaks, tmp_path):
+    storage = {"storage_path": str(tmp_path), "name": "elastic", "min_workers": 2}
+    assert horovod_ray.run(_elastic_steps, args=[3], max_workers=2, **storage) == [0, 0]
+    assert horovod_ray.run(_elastic_steps, args=[5], max_workers=2, **storage) == [3, 3]
+    assert _steps(Result.from_path(f"{tmp_path}/elastic")) == [1, 2, 3, 4, 5]

@@ -6,9 +6,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import types
+from pathlib import Path
 
+import numpy
 import pyarrow.fs
 import pytest
 from ray.train import Checkpoint, CheckpointConfig
@@ -48,6 +53,14 @@ def _entries(*losses: float | None, uncommitted: tuple[int, ...] = ()) -> list[E
 )
 def test_to_remove(entries, keep, attribute, order, committing, removed):
     assert store.to_remove(entries, keep, attribute, order, committing) == removed
+
+
+def test_the_checkpoint_a_job_started_from_stays_while_it_runs():
+    entries = _entries(0.5, 0.2, 0.9, 0.7)
+    assert store.to_remove(entries, 1, None, "max", 4, protected=2) == [1, 3]
+    assert store.index_of("/runs/r/checkpoint_000002") == 2
+    assert store.index_of("/runs/r/checkpoint_000002.json") is None
+    assert store.index_of("") is None
 
 
 def test_latest_is_committed_and_the_next_number_passes_every_folder():
@@ -126,23 +139,63 @@ def test_uploads_commit_in_order_and_keep_the_best(tmp_path):
     uploader = upload.Uploader(storage)
     for step, loss in enumerate([0.5, 0.2, 0.9, 0.7], start=1):
         checkpoint = _folder(tmp_path, f"c{step}", str(step))
-        assert uploader.submit({"step": step, "loss": loss}, checkpoint) == step
+        # A NumPy score ranks as its number (stored as JSON it was a repr before).
+        uploader.submit({"step": step, "loss": numpy.float32(loss)}, checkpoint)
         shutil.rmtree(checkpoint.path)  # the caller's folder may go once report returns
-    uploader.submit_metrics({"step": 5})
     uploader.flush()
     result = Result.from_path(f"{tmp_path}/run")
     assert [m["step"] for _, m in result.best_checkpoints] == [1, 2, 4]
-    assert result.metrics == {"step": 5}
+    assert result.best_checkpoints[1][1]["loss"] == pytest.approx(0.2)
     with result.checkpoint.as_directory() as directory:
         assert open(os.path.join(directory, "model.txt")).read() == "4"
     mine = f"{upload.STAGING_PREFIX}{os.getpid()}-"
     assert [name for name in os.listdir(tempfile.gettempdir()) if name.startswith(mine)] == []
 
 
+def test_the_runs_last_metrics_are_the_last_reported(tmp_path):
+    """A metrics-only report waiting behind a checkpoint, replaced by a newer one, is not
+    overwritten by the checkpoint's older metrics."""
+    uploader = upload.Uploader(spec.create(str(tmp_path), "run"))
+    uploader.submit({"step": 1}, _folder(tmp_path, "c1", "1"))
+    uploader.submit_metrics({"step": 2})
+    uploader.submit({"step": 3}, _folder(tmp_path, "c3", "3"))
+    uploader.submit_metrics({"step": 4})
+    uploader.flush()
+    assert Result.from_path(f"{tmp_path}/run").metrics == {"step": 4}
+
+
+def test_a_marker_that_cannot_be_read_counts_as_not_committed(tmp_path):
+    storage = spec.create(str(tmp_path), "run")
+    store.commit(storage, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
+    (tmp_path / "run" / "checkpoint_000002").mkdir()
+    (tmp_path / "run" / "checkpoint_000002.json").write_text("")  # cut off as written
+    assert [(e.index, e.committed) for e in store.list_entries(storage)] == [
+        (1, True),
+        (2, False),
+    ]
+    assert store.job_env(storage)[spec.CHECKPOINT_ENV].endswith("/checkpoint_000001")
+
+
+def test_result_from_path_reads_relative_paths_uris_and_filesystems(tmp_path, monkeypatch):
+    storage = spec.create(str(tmp_path), "run")
+    store.commit(storage, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
+    monkeypatch.chdir(tmp_path)
+    subtree = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+    for result in (
+        Result.from_path("run"),
+        Result.from_path(f"file://{tmp_path}/run"),
+        Result.from_path("run", subtree),
+    ):
+        assert [m for _, m in result.best_checkpoints] == [{"step": 1}]
+    with pytest.raises(ConfigError) as raised:
+        Result.from_path(3)
+    assert raised.value.parameter == "path"
+
+
 def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it(tmp_path):
     subtree = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
     storage = spec.create("runs", "r", None, subtree)
-    store.commit(storage, 1, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
+    store.commit(storage, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
     # What a job that failed during an upload leaves: a folder without its marker.
     (tmp_path / "runs" / "r" / "checkpoint_000002").mkdir()
     entries = store.list_entries(storage)
@@ -150,7 +203,7 @@ def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it
     assert store.latest(entries).index == 1
     assert store.job_env(storage)[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
     uploader = upload.Uploader(storage)
-    assert uploader.submit({"step": 2}, _folder(tmp_path, "c2", "2")) == 3  # past the folder
+    uploader.submit({"step": 2}, _folder(tmp_path, "c2", "2"))  # numbered past the folder
     uploader.flush()
     assert sorted(os.listdir(tmp_path / "runs" / "r")) == [
         "checkpoint_000001",
@@ -169,7 +222,9 @@ def test_a_failed_upload_is_raised_by_the_next_report_and_by_flush(tmp_path):
     shutil.rmtree(tmp_path / "run")
     (tmp_path / "run").write_text("")  # the run's folder is now a file
     uploader.submit({}, _folder(tmp_path, "c2", "2"))
-    with pytest.raises(CheckpointError, match=r"could not upload checkpoint to .*run/checkpoint"):
+    with pytest.raises(
+        CheckpointError, match=r"could not list the run.s folder .*/run: NotADirectoryError"
+    ):
         uploader.flush()
     with pytest.raises(CheckpointError):
         uploader.submit({}, _folder(tmp_path, "c3", "3"))
@@ -202,3 +257,52 @@ def test_report_refuses_what_is_not_a_dict_or_a_checkpoint(metrics, checkpoint, 
     with pytest.raises(ConfigError) as raised:
         report.report(metrics, checkpoint=checkpoint)
     assert raised.value.parameter == parameter
+
+
+def test_an_uploader_removes_the_staging_copies_of_processes_that_are_gone(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    left = Path(tempfile.gettempdir(), f"{upload.STAGING_PREFIX}{gone}-test")
+    mine = Path(tempfile.gettempdir(), f"{upload.STAGING_PREFIX}{os.getpid()}-test")
+    left.mkdir()
+    mine.mkdir()
+    try:
+        upload.Uploader(spec.create(str(tmp_path), "run"))
+        assert (left.exists(), mine.exists()) == (False, True)
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_a_filesystem_that_cannot_travel_to_the_ranks_is_refused_at_once():
+    class Handler(pyarrow.fs.FileSystemHandler):
+        lock = None
+
+    Handler.__abstractmethods__ = frozenset()  # never used: only pickled
+    handler = Handler()
+    handler.lock = threading.Lock()
+    with pytest.raises(ConfigError, match="cannot be pickled") as raised:
+        spec.create("runs", "r", None, pyarrow.fs.PyFileSystem(handler))
+    assert raised.value.parameter == "storage_filesystem"
+
+
+def test_a_commands_last_upload_that_failed_fails_its_process(tmp_path):
+    """A command line's ``python`` command has no call end to raise from: its exit does."""
+    (tmp_path / "run").write_text("")  # the run's folder is a file: every upload fails
+    env = spec.create(str(tmp_path), "run").to_env(None)
+    code = (
+        "import tempfile, horovod_ray\n"
+        "from ray.train import Checkpoint\n"
+        "horovod_ray.report({}, checkpoint=Checkpoint.from_directory(tempfile.mkdtemp()))\n"
+        "print('reported')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env, "HOROVOD_RANK": "0"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stdout == "reported\n"
+    assert "a checkpoint was not persisted: could not list the run's folder" in result.stderr

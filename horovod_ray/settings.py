@@ -241,6 +241,7 @@ MANAGED_ENV = frozenset(
         "HOROVOD_ELASTIC",
         spec.STORAGE_ENV,
         spec.CHECKPOINT_ENV,
+        spec.FIRST_INDEX_ENV,
     }
 )
 

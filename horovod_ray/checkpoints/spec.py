@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 STORAGE_ENV = "HOROVOD_RAY_STORAGE"
 # Set with it: the committed checkpoint this job starts from ("" for none).
 CHECKPOINT_ENV = "HOROVOD_RAY_CHECKPOINT"
+# And the first number free when the job started: an unfinished folder below it is an
+# upload of an earlier job cut off; one above it may be this job's, still uploading.
+FIRST_INDEX_ENV = "HOROVOD_RAY_CHECKPOINT_FIRST"
 ORDERS = ("max", "min")
 
 
@@ -54,8 +57,9 @@ class RunStorage:
     # again, with their own credentials); None: the filesystem travels pickled.
     uri: str | None = None
 
-    def to_env(self, checkpoint_path: str | None) -> dict[str, str]:
-        """The ranks' environment for this storage, starting from ``checkpoint_path``."""
+    def to_env(self, checkpoint_path: str | None, first_index: int = 1) -> dict[str, str]:
+        """The ranks' environment for this storage, for a job starting from
+        ``checkpoint_path`` when ``first_index`` is the first number free."""
         spec: dict[str, Any] = {
             "run_path": self.run_path,
             "name": self.name,
@@ -69,7 +73,11 @@ class RunStorage:
             spec["filesystem"] = base64.b64encode(cloudpickle.dumps(self.filesystem)).decode()
         else:
             spec["uri"] = self.uri
-        return {STORAGE_ENV: json.dumps(spec), CHECKPOINT_ENV: checkpoint_path or ""}
+        return {
+            STORAGE_ENV: json.dumps(spec),
+            CHECKPOINT_ENV: checkpoint_path or "",
+            FIRST_INDEX_ENV: str(first_index),
+        }
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ = os.environ) -> RunStorage | None:

@@ -17,6 +17,7 @@ The choices (latest, next number, what to remove) are pure functions over
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -107,21 +108,22 @@ def to_remove(
     num_to_keep: int | None,
     attribute: str | None,
     order: str,
-    committing: int,
+    stale_below: int,
     protected: int | None = None,
 ) -> list[int]:
-    """Which checkpoint numbers to remove once checkpoint ``committing`` is committed.
+    """Which checkpoint numbers to remove after a commit, or once a job has ended.
 
     Kept: the ``num_to_keep`` best, the latest whatever its score (a restart resumes
     from it, as Ray Train keeps it), and ``protected`` (the one the job started from,
     which its ranks may still read). Removed too: unfinished folders numbered below
-    ``committing`` (an upload of an earlier job that failed during it).
+    ``stale_below`` (uploads of earlier jobs, cut off when they failed; one numbered
+    higher may be an upload still under way).
 
     Example: numbers 1..4 committed with loss 0.5, 0.2, 0.9, 0.7, num_to_keep 2, "loss"
     by "min": 2 and 1 are the best, 4 is the latest, so 3 goes.
     """
     entries = list(entries)
-    removed = [e.index for e in entries if not e.committed and e.index < committing]
+    removed = [e.index for e in entries if not e.committed and e.index < stale_below]
     if num_to_keep is None:
         return removed
     best = ranked(entries, attribute, order)
@@ -196,9 +198,14 @@ def _write_json(storage: RunStorage, name: str, value: dict) -> None:
     path = f"{storage.run_path}/{name}"
     text = json.dumps(value, default=_plain, sort_keys=True).encode()
     partial = f"{path}.{uuid.uuid4().hex}.partial"
-    with storage.filesystem.open_output_stream(partial) as stream:
-        stream.write(text)
-    storage.filesystem.move(partial, path)
+    try:
+        with storage.filesystem.open_output_stream(partial) as stream:
+            stream.write(text)
+        storage.filesystem.move(partial, path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            storage.filesystem.delete_file(partial)
+        raise
 
 
 def _plain(value: object) -> object:
@@ -208,7 +215,7 @@ def _plain(value: object) -> object:
     if callable(item):
         try:
             plain = item()
-        except (TypeError, ValueError):  # not a scalar (an array of several values)
+        except Exception:  # noqa: BLE001 - not one number (a tensor of several values)
             return repr(value)
         if isinstance(plain, (bool, int, float, str)) or plain is None:
             return plain
@@ -219,23 +226,40 @@ def checkpoint_path(storage: RunStorage, index: int) -> str:
     return f"{storage.run_path}/{folder_name(index)}"
 
 
-def commit(storage: RunStorage, local_dir: str, metrics: dict, protected: int | None = None) -> int:
+def commit(
+    storage: RunStorage,
+    local_dir: str,
+    metrics: dict,
+    protected: int | None = None,
+    stale_below: int = 1,
+) -> int:
     """Uploads ``local_dir`` as the run's next checkpoint, then writes its marker, then
     removes what the run no longer keeps (see :func:`to_remove`).
 
-    The number is chosen now, past every folder there, so that a restarted job, a new
-    driver or another process that became rank 0 never writes into an earlier one.
+    The number is chosen now, past every folder there, so that a restarted job or a new
+    driver never writes into an earlier one. Two processes committing at the same moment
+    (in an elastic job, the rank that was 0 and the one that is) can still choose the
+    same number: storage has no atomic "create if absent" to rule it out.
+
+    Args:
+        storage: The run's storage.
+        local_dir: The staged checkpoint.
+        metrics: The metrics reported with it.
+        protected: A number the keep policy must not remove (the job's start).
+        stale_below: The job's first number (see :func:`to_remove`).
 
     Returns:
         The checkpoint's number.
 
     Raises:
         CheckpointError: A read or write failed; what was there before stays as it was
-            (a half-uploaded folder has no marker).
+            (a half-uploaded folder has no marker). Removing what is no longer kept is
+            not part of the commit: a failure there is logged.
     """
     import pyarrow.fs
 
-    index = next_index(list_entries(storage))
+    entries = list_entries(storage)
+    index = next_index(entries)
     fs, destination = storage.filesystem, checkpoint_path(storage, index)
     try:
         fs.create_dir(destination, recursive=True)
@@ -249,34 +273,33 @@ def commit(storage: RunStorage, local_dir: str, metrics: dict, protected: int | 
         _write_json(storage, f"{folder_name(index)}.json", marker)
     except _storage_errors() as err:
         raise _failed("upload checkpoint to", destination, err) from err
-    entries = list_entries(storage)
-    for removed in to_remove(
-        entries,
-        storage.num_to_keep,
-        storage.score_attribute,
-        storage.score_order,
-        index,
-        protected,
-    ):
-        remove(storage, removed)
+    _remove_unkept(storage, stale_below, protected)
     return index
 
 
 def prune(storage: RunStorage) -> None:
     """Applies the keep policy once a job has ended: its starting checkpoint is no longer
-    protected, and an unfinished folder is an upload that was cut off. A storage that
-    fails is logged, not raised: the job's outcome is what its caller needs."""
+    protected, and an unfinished folder is an upload that was cut off."""
+    _remove_unkept(storage, stale_below=None, protected=None)
+
+
+def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int | None) -> None:
+    """Removes what :func:`to_remove` says (``stale_below`` None: every unfinished
+    folder). A storage that fails here is logged, not raised: the checkpoints that count
+    are already there, and the job's own outcome is what its caller needs."""
     try:
         entries = list_entries(storage)
+        below = next_index(entries) if stale_below is None else stale_below
         for index in to_remove(
             entries,
             storage.num_to_keep,
             storage.score_attribute,
             storage.score_order,
-            next_index(entries),
+            below,
+            protected,
         ):
             remove(storage, index)
-    except CheckpointError as err:
+    except Exception as err:  # noqa: BLE001 - any filesystem's error, see above
         logger.warning("the run's old checkpoints were not removed: %s", err)
 
 
@@ -316,13 +339,14 @@ def job_env(storage: RunStorage) -> dict[str, str]:
     Raises:
         CheckpointError: The run's folder could not be read.
     """
-    newest = latest(list_entries(storage))
+    entries = list_entries(storage)
+    newest = latest(entries)
     if newest is None:
         logger.info("checkpoints go to %s (none there yet)", storage.run_path)
-        return storage.to_env(None)
+        return storage.to_env(None, next_index(entries))
     path = checkpoint_path(storage, newest.index)
     logger.info("checkpoints go to %s; the job resumes from %s", storage.run_path, path)
-    return storage.to_env(path)
+    return storage.to_env(path, next_index(entries))
 
 
 def as_checkpoint(storage: RunStorage, index: int) -> Any:

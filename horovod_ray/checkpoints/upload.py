@@ -42,11 +42,16 @@ class Uploader:
         storage: The run's storage.
         protected: A checkpoint number the keep policy must not remove (the one this job
             started from, which its ranks may still be reading).
+        stale_below: The first number free when the job started: an unfinished folder
+            below it is an earlier job's cut-off upload (see ``store.to_remove``).
     """
 
-    def __init__(self, storage: RunStorage, protected: int | None = None) -> None:
+    def __init__(
+        self, storage: RunStorage, protected: int | None = None, stale_below: int = 1
+    ) -> None:
         self.storage = storage
         self._protected = protected
+        self._stale_below = stale_below
         self._queue: queue.Queue = queue.Queue()
         self._slots = threading.BoundedSemaphore(PENDING)
         self._lock = threading.Lock()
@@ -71,12 +76,14 @@ class Uploader:
         """
         self.raise_failure()
         self._slots.acquire()  # released once its upload is done
-        staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
+        staging = None
         try:
+            staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
             with checkpoint.as_directory() as directory:
                 shutil.copytree(directory, staging, dirs_exist_ok=True)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
             self._slots.release()
             raise
         with self._lock:
@@ -126,7 +133,9 @@ class Uploader:
                 sequence, staging, metrics = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
-                        index = store.commit(self.storage, staging, metrics, self._protected)
+                        index = store.commit(
+                            self.storage, staging, metrics, self._protected, self._stale_below
+                        )
                         logger.debug("checkpoint %d committed", index)
                         self._write_metrics(sequence, metrics)
                 finally:

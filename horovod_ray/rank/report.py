@@ -26,7 +26,7 @@ import sys
 from typing import Any, Mapping
 
 from horovod_ray.checkpoints import store
-from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, RunStorage
+from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
 from horovod_ray.rank import logs
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 _uploader: Uploader | None = None
 _tune_session: Any = None  # a trial rank's session (horovod_ray.tune.session)
 _warned = False
+_actor = False
 
 
 def report(metrics: Mapping[str, Any], *, checkpoint: Any = None) -> None:
@@ -129,16 +130,29 @@ def _rank_uploader() -> Uploader | None:
         storage = RunStorage.from_env()
         if storage is None:
             return None
-        _uploader = Uploader(storage, protected=store.index_of(os.environ.get(CHECKPOINT_ENV)))
+        _uploader = Uploader(
+            storage,
+            protected=store.index_of(os.environ.get(CHECKPOINT_ENV)),
+            stale_below=int(os.environ.get(FIRST_INDEX_ENV) or 1),
+        )
         # A process that is not an actor (a command line's python command) has no call
         # to end: its uploads finish as it exits.
         atexit.register(_flush_at_exit)
     return _uploader
 
 
+def in_actor() -> None:
+    """Marks this process as a rank's actor: its calls end with :func:`flush`, which
+    raises a failed upload to the driver, so its exit has nothing to add."""
+    global _actor
+    _actor = True
+
+
 def _flush_at_exit() -> None:
     """Waits for the uploads; one that failed and was never raised fails the process
     (a command line's command: its job then fails as for any rank's failure)."""
+    if _actor:
+        return  # an actor's uploads ended with its calls, or were cut off with the job
     failure = _uploader.unraised_failure() if _uploader is not None else None
     if failure is not None:
         logger.error("a checkpoint was not persisted: %s", failure)

@@ -82,6 +82,7 @@ class Worker:
         if niceness is not None:
             priority.apply(niceness)
         logs.open_channel(is_log_rank)
+        report.in_actor()
         # Everything the process holds before user code (Ray, this package) lives as long
         # as the process: frozen, it is no longer walked by each full collection. Importing
         # TensorFlow runs about six of them, which then take a third less time (see

@@ -201,8 +201,10 @@ def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it
     entries = store.list_entries(storage)
     assert [(e.index, e.committed) for e in entries] == [(1, True), (2, False)]
     assert store.latest(entries).index == 1
-    assert store.job_env(storage)[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
-    uploader = upload.Uploader(storage)
+    env = store.job_env(storage)
+    assert env[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
+    assert env[spec.FIRST_INDEX_ENV] == "3"  # folder 2 was there before the job
+    uploader = upload.Uploader(storage, stale_below=int(env[spec.FIRST_INDEX_ENV]))
     uploader.submit({"step": 2}, _folder(tmp_path, "c2", "2"))  # numbered past the folder
     uploader.flush()
     assert sorted(os.listdir(tmp_path / "runs" / "r")) == [
@@ -306,3 +308,28 @@ def test_a_commands_last_upload_that_failed_fails_its_process(tmp_path):
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stdout == "reported\n"
     assert "a checkpoint was not persisted: could not list the run's folder" in result.stderr
+
+
+def test_a_metric_that_is_not_one_number_is_stored_as_its_repr(tmp_path):
+    import torch
+
+    storage = spec.create(str(tmp_path), "run")
+    store.commit(storage, str(_folder(tmp_path, "c1", "1").path), {"v": torch.tensor([1, 2])})
+    (entry,) = store.list_entries(storage)
+    assert entry.metrics == {"v": "tensor([1, 2])"}
+
+
+def test_staging_that_fails_gives_its_room_back(tmp_path, monkeypatch):
+    uploader = upload.Uploader(spec.create(str(tmp_path), "run"))
+
+    def no_room(**_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(upload.tempfile, "mkdtemp", no_room)
+    for _ in range(upload.PENDING + 1):
+        with pytest.raises(OSError, match="No space left"):
+            uploader.submit({}, _folder(tmp_path, f"c{_}", "x"))
+    monkeypatch.undo()
+    uploader.submit({"step": 1}, _folder(tmp_path, "last", "x"))  # would wait for good
+    uploader.flush()
+    assert [e.metrics for e in store.list_entries(uploader.storage)] == [{"step": 1}]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from horovod_ray.__version__ import __version__
-from horovod_ray.checkpoints.store import Result
+from horovod_ray.checkpoints.result import Result
 from horovod_ray.errors import (
     CheckpointError,
     ConfigError,

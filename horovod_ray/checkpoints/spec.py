@@ -154,7 +154,16 @@ def create(
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name:
         raise ConfigError("name", f"name must be a folder name (a str without '/'), got {name!r}")
     keep, attribute, order = _checkpoint_config(checkpoint_config)
-    filesystem, root = _filesystem(storage_path, storage_filesystem)
+    filesystem, root = filesystem_of(storage_path, storage_filesystem)
+    if storage_filesystem is not None:
+        try:  # now, not when the first job starts: it travels to the ranks pickled
+            cloudpickle.dumps(storage_filesystem)
+        except Exception as err:
+            raise ConfigError(
+                "storage_filesystem",
+                f"storage_filesystem cannot be pickled to send to the ranks: "
+                f"{type(err).__name__}: {err}",
+            ) from err
     uri = None  # a filesystem object (given, or the local one) travels pickled
     if storage_filesystem is None and "://" in storage_path:
         # Its query (an S3 region, say) stays at the end, where pyarrow reads it.
@@ -171,7 +180,12 @@ def create(
     )
 
 
-def _filesystem(storage_path: str, storage_filesystem: object) -> tuple[pyarrow.fs.FileSystem, str]:
+def filesystem_of(
+    storage_path: str, storage_filesystem: object, parameter: str = "storage_path"
+) -> tuple[pyarrow.fs.FileSystem, str]:
+    """The filesystem ``storage_path`` is on and the path on it: ``storage_filesystem``
+    when given, else the URI's, else the local one (the path made absolute). Errors name
+    ``parameter`` (the caller's name for the path)."""
     import pyarrow.fs  # here: only a job with a storage pays for it
 
     if storage_filesystem is not None:
@@ -181,14 +195,6 @@ def _filesystem(storage_path: str, storage_filesystem: object) -> tuple[pyarrow.
                 f"storage_filesystem must be a pyarrow.fs.FileSystem, got "
                 f"{type(storage_filesystem).__name__}",
             )
-        try:  # now, not when the first job starts: it travels to the ranks pickled
-            cloudpickle.dumps(storage_filesystem)
-        except Exception as err:
-            raise ConfigError(
-                "storage_filesystem",
-                f"storage_filesystem cannot be pickled to send to the ranks: "
-                f"{type(err).__name__}: {err}",
-            ) from err
         return storage_filesystem, storage_path
     if "://" not in storage_path:
         return pyarrow.fs.LocalFileSystem(), os.path.abspath(os.path.expanduser(storage_path))
@@ -196,8 +202,8 @@ def _filesystem(storage_path: str, storage_filesystem: object) -> tuple[pyarrow.
         return pyarrow.fs.FileSystem.from_uri(storage_path)
     except (pyarrow.ArrowException, OSError, ValueError) as err:
         raise ConfigError(
-            "storage_path",
-            f"storage_path {storage_path!r} is not a URI pyarrow can open ({err}); give a "
+            parameter,
+            f"{parameter} {storage_path!r} is not a URI pyarrow can open ({err}); give a "
             f"local folder, or a URI such as s3://bucket/runs or file:///mnt/nfs/runs",
         ) from err
 

@@ -21,17 +21,13 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 from horovod_ray.checkpoints.spec import RunStorage
-from horovod_ray.errors import CheckpointError, ConfigError
-
-if TYPE_CHECKING:
-    import pyarrow.fs
+from horovod_ray.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +163,13 @@ def list_entries(storage: RunStorage) -> list[Entry]:
             folders.add(index)
     entries = []
     for index in sorted(folders | markers):
-        marker = _read_json(storage, f"{folder_name(index)}.json") if index in markers else None
+        marker = read_json(storage, f"{folder_name(index)}.json") if index in markers else None
         committed = isinstance(marker, dict) and isinstance(marker.get("metrics"), dict)
         entries.append(Entry(index, committed, marker["metrics"] if committed else {}))
     return entries
 
 
-def _read_json(storage: RunStorage, name: str) -> Any:
+def read_json(storage: RunStorage, name: str) -> Any:
     """The JSON file ``name`` in the run's folder; None when it is missing or is not JSON.
 
     Raises:
@@ -354,81 +350,3 @@ def as_checkpoint(storage: RunStorage, index: int) -> Any:
     from ray.train import Checkpoint  # here: ray.train takes seconds to import
 
     return Checkpoint(checkpoint_path(storage, index), filesystem=storage.filesystem)
-
-
-def _storage_at(path: object, filesystem: object) -> RunStorage:
-    """The run's folder at ``path`` as a storage to read (nothing to keep, no name)."""
-    import pyarrow.fs
-
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-    if not isinstance(path, str) or not path:
-        raise ConfigError("path", f"path must be a run's folder or URI (str), got {path!r}")
-    if filesystem is not None:
-        if not isinstance(filesystem, pyarrow.fs.FileSystem):
-            raise ConfigError(
-                "storage_filesystem",
-                f"storage_filesystem must be a pyarrow.fs.FileSystem, got "
-                f"{type(filesystem).__name__}",
-            )
-        run_path = path.rstrip("/")
-    elif "://" in path:
-        try:
-            filesystem, run_path = pyarrow.fs.FileSystem.from_uri(path)
-        except (*_storage_errors(), ValueError) as err:
-            raise ConfigError(
-                "path", f"path {path!r} is not a URI pyarrow can open: {err}"
-            ) from err
-    else:
-        filesystem = pyarrow.fs.LocalFileSystem()
-        run_path = os.path.abspath(os.path.expanduser(path))
-    return RunStorage(filesystem, run_path, run_path.rstrip("/").rpartition("/")[2])
-
-
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """What a run left in its folder, read back (by the driver, after or during a run).
-
-    Attributes:
-        path: The run's folder (``storage_path/name``) on ``filesystem``.
-        filesystem: The pyarrow filesystem it is on.
-        metrics: The last metrics reported (with or without a checkpoint); {} if none.
-        checkpoint: The latest committed checkpoint (``ray.train.Checkpoint``), or None.
-        best_checkpoints: Every committed checkpoint kept, with its metrics, oldest
-            first (as Ray Train's ``Result.best_checkpoints``).
-    """
-
-    path: str
-    filesystem: pyarrow.fs.FileSystem
-    metrics: dict
-    checkpoint: Any
-    best_checkpoints: list
-
-    @classmethod
-    def from_path(
-        cls, path: str, storage_filesystem: pyarrow.fs.FileSystem | None = None
-    ) -> Result:
-        """Reads the run at ``path`` (``storage_path/name``, as given to ``run()``): a
-        local folder, a URI (``s3://bucket/runs/name``), or a path on
-        ``storage_filesystem``.
-
-        Raises:
-            ConfigError: ``path`` or ``storage_filesystem`` is not valid.
-            CheckpointError: The run's folder could not be read.
-        """
-        storage = _storage_at(path, storage_filesystem)
-        entries = list_entries(storage)
-        record = _read_json(storage, METRICS_FILE)
-        metrics = record.get("metrics", {}) if isinstance(record, dict) else {}
-        newest = latest(entries)
-        return cls(
-            path=storage.run_path,
-            filesystem=storage.filesystem,
-            metrics=metrics,
-            checkpoint=None if newest is None else as_checkpoint(storage, newest.index),
-            best_checkpoints=[
-                (as_checkpoint(storage, entry.index), entry.metrics)
-                for entry in entries
-                if entry.committed
-            ],
-        )

@@ -1,0 +1,74 @@
+"""A run's folder read back by the driver: :class:`Result` (``horovod_ray.Result``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from horovod_ray.checkpoints import spec, store
+from horovod_ray.checkpoints.spec import RunStorage
+from horovod_ray.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
+
+
+def _storage_at(path: object, filesystem: object) -> RunStorage:
+    """The run's folder at ``path`` as a storage to read (nothing to keep)."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path:
+        raise ConfigError("path", f"path must be a run's folder or URI (str), got {path!r}")
+    filesystem, run_path = spec.filesystem_of(path, filesystem, parameter="path")
+    run_path = run_path.rstrip("/")
+    return RunStorage(filesystem, run_path, run_path.rpartition("/")[2])
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What a run left in its folder, read back (by the driver, after or during a run).
+
+    Attributes:
+        path: The run's folder (``storage_path/name``) on ``filesystem``.
+        filesystem: The pyarrow filesystem it is on.
+        metrics: The last metrics reported (with or without a checkpoint); {} if none.
+        checkpoint: The latest committed checkpoint (``ray.train.Checkpoint``), or None.
+        best_checkpoints: Every committed checkpoint kept, with its metrics, oldest
+            first (as Ray Train's ``Result.best_checkpoints``).
+    """
+
+    path: str
+    filesystem: pyarrow.fs.FileSystem
+    metrics: dict
+    checkpoint: Any
+    best_checkpoints: list
+
+    @classmethod
+    def from_path(
+        cls, path: str, storage_filesystem: pyarrow.fs.FileSystem | None = None
+    ) -> Result:
+        """Reads the run at ``path`` (``storage_path/name``, as given to ``run()``): a
+        local folder, a URI (``s3://bucket/runs/name``), or a path on
+        ``storage_filesystem``.
+
+        Raises:
+            ConfigError: ``path`` or ``storage_filesystem`` is not valid.
+            CheckpointError: The run's folder could not be read.
+        """
+        storage = _storage_at(path, storage_filesystem)
+        entries = store.list_entries(storage)
+        record = store.read_json(storage, store.METRICS_FILE)
+        metrics = record.get("metrics", {}) if isinstance(record, dict) else {}
+        newest = store.latest(entries)
+        return cls(
+            path=storage.run_path,
+            filesystem=storage.filesystem,
+            metrics=metrics,
+            checkpoint=None if newest is None else store.as_checkpoint(storage, newest.index),
+            best_checkpoints=[
+                (store.as_checkpoint(storage, entry.index), entry.metrics)
+                for entry in entries
+                if entry.committed
+            ],
+        )

@@ -161,6 +161,30 @@ def clear_errors() -> tuple[str, str, str]:
     return messages[0], messages[1], messages[2]
 
 
+def jit_compile_modes() -> dict:
+    """``compile(jit_compile=True)`` then ``"auto"``: what Keras 3 does with horovod's
+    allreduce in the training step, on this machine (docs/keras3.rst, docs/gpus.rst)."""
+    import horovod.tensorflow.keras as hvd
+    import keras
+
+    hvd.init()
+    x, y = _data(hvd.rank())
+    found = {}
+    for mode in (True, "auto"):
+        model = _model()
+        model.compile(
+            optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+            loss="mse",
+            jit_compile=mode,
+        )
+        try:
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+            found[str(mode)] = ("trained", model.jit_compile)
+        except Exception as err:  # noqa: BLE001 - what XLA raises is the finding
+            found[str(mode)] = (type(err).__name__, str(err))
+    return found
+
+
 def tape_and_collectives() -> dict:
     """``hvd.DistributedGradientTape`` and ``hvd.broadcast_variables`` on a Keras model's
     variables, and the tensor collectives."""

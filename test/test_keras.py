@@ -96,6 +96,19 @@ def test_unsupported_uses_get_a_clear_error(executor):
         assert "backward_passes_per_step=2" in accumulation
 
 
+@pytest.mark.skipif(not KERAS3, reason='Keras 2 has no jit_compile="auto"')
+def test_xla_compiled_steps_lack_horovods_ops_and_auto_leaves_xla_off_on_cpus(executor):
+    """docs/keras3.rst's advice: XLA has no kernel for horovod's allreduce, so
+    ``jit_compile=True`` fails at the first step; ``"auto"`` (the default) turns XLA off
+    where TensorFlow sees only CPUs, as here, and on where it sees a GPU (Keras 3's
+    ``_resolve_auto_jit_compile``), hence ``jit_compile=False`` on GPUs."""
+    found = executor.run(keras_training.jit_compile_modes)[0]
+    kind, message = found["True"]
+    assert kind == "InvalidArgumentError"
+    assert "No registered 'HorovodAllreduce' OpKernel for XLA_CPU_JIT" in message
+    assert found["auto"] == ("trained", False)
+
+
 def test_gradient_tape_broadcast_variables_and_collectives(executor):
     results = executor.run(keras_training.tape_and_collectives)
     same_on_every_rank(results, "after_broadcast")  # rank 0's random weights everywhere

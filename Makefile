@@ -3,14 +3,34 @@ PYTHON ?= python3.11
 # The TensorFlow line: 2.21 (the default: today's TensorFlow, Keras 3) or 2.15 (the 2023 line,
 # Keras 2). Each line has its own constraints and its own environment, so both can stand side by side.
 TF ?= 2.21
-# The default line also has PyTorch (horovod.torch); the 2023 line is TensorFlow only.
-ifeq ($(TF),2.21)
+# GPU=1: the GPU line instead (docs/gpus.rst), PyTorch's CUDA build and horovod with NCCL, in
+# its own environment; it builds on a machine without a GPU, and `make test-gpu` runs on one.
+GPU ?= 0
+ifeq ($(GPU),1)
+LINE := gpu
+VENV := .venv-gpu
+CONSTRAINTS := constraints-gpu.txt
+# The CUDA 13 compiler, its headers and NVVM, besides what torch brings (runtime, NCCL).
+TF_PACKAGES := torch nvidia-cuda-nvcc nvidia-cuda-crt nvidia-cuda-cccl nvidia-nvvm \
+	nvidia-cuda-runtime nvidia-nccl-cu13
+TF_EXTRA := torch
+# pip's wheels have only libnccl.so.2 and libcudart.so.13: the build finds unversioned links
+# to them in a folder of its own. nvcc's profile looks for its runtime in lib64, which the
+# wheels name lib (CUDAFLAGS).
+CUDA_ROOT = $(CURDIR)/$(VENV)/lib/$(notdir $(PYTHON))/site-packages/nvidia
+HOROVOD_BUILD_ENV = HOROVOD_CUDA_HOME=$(CUDA_ROOT)/cu13 CUDA_HOME=$(CUDA_ROOT)/cu13 \
+	CUDAFLAGS=-L$(CUDA_ROOT)/cu13/lib \
+	CMAKE_LIBRARY_PATH=$(HOROVOD_BUILD)/links HOROVOD_NCCL_INCLUDE=$(CUDA_ROOT)/nccl/include \
+	HOROVOD_NCCL_LIB=$(HOROVOD_BUILD)/links
+else ifeq ($(TF),2.21)
+LINE := tf$(TF)
 VENV := .venv
 CONSTRAINTS := constraints.txt
 TF_PACKAGES := tensorflow-cpu keras torch
 TF_EXTRA := tensorflow,torch,docs
 HOROVOD_TORCH := HOROVOD_WITH_PYTORCH=1
 else ifeq ($(TF),2.15)
+LINE := tf$(TF)
 VENV := .venv-tf2.15
 CONSTRAINTS := constraints-tf2.15.txt
 TF_PACKAGES := tensorflow-cpu
@@ -28,24 +48,35 @@ HOROVOD_VERSION := 0.28.1
 HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
 HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 $(HOROVOD_TORCH) \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1
+CHECK_FLAGS := --require-fix
+ifeq ($(GPU),1)
+# PyTorch alone (docs/gpus.rst says why not TensorFlow), with horovod's GPU collectives on
+# NCCL, for Ampere (80), Hopper (90) and Blackwell (100) GPUs.
+HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 \
+	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL \
+	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=80,90,100
+CHECK_FLAGS := --require-fix --gpu
+endif
 # horovod is compiled once for each set of what goes into it (its patches, the frameworks
 # pinned, the flags, Python, the compiler), in a folder named by a hash of those, kept
 # outside the checkout like pip's cache: a clean clone or a second line's rebuild of the
-# environment reinstalls the wheel in seconds. build/tf$(TF) links to it (tests compile
+# environment reinstalls the wheel in seconds. build/$(LINE) links to it (tests compile
 # against its Gloo). The folder is complete once it holds wheel/; `make clean-cache` empties it.
 HOROVOD_CACHE ?= $(HOME)/.cache/horovod_ray
-HOROVOD_KEY := $(shell (cat $(HOROVOD_PATCHES); grep -E '^(tensorflow-cpu|torch|horovod)==' \
-	$(CONSTRAINTS); echo '$(HOROVOD_FLAGS)'; $(PYTHON) --version; c++ --version | head -1) \
+HOROVOD_KEY := $(shell (cat $(HOROVOD_PATCHES); \
+	grep -E '^(tensorflow-cpu|torch|horovod|nvidia-[a-z0-9-]+)==' $(CONSTRAINTS); \
+	echo '$(HOROVOD_FLAGS)'; $(PYTHON) --version; c++ --version | head -1) \
 	| sha256sum | cut -c1-16)
-HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-tf$(TF)-$(HOROVOD_KEY)
+HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-$(LINE)-$(HOROVOD_KEY)
 HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: install horovod-wheel test test-suite test-2023 test-subset test-bench demo docs lint \
+.PHONY: install horovod-wheel test test-suite test-2023 test-subset test-gpu-line test-gpu \
+	test-bench demo docs lint \
 	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
-	@$(PY) -m horovod_ray.stack.check_install --require-fix
+	@$(PY) -m horovod_ray.stack.check_install $(CHECK_FLAGS)
 
 # Two steps: the stack with horovod built from source (minutes), then this package (seconds),
 # so that a change to setup.py does not rebuild horovod.
@@ -60,7 +91,7 @@ $(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
 	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) horovod-wheel
 	$(PIP) install --quiet --force-reinstall --no-deps $(HOROVOD_BUILD)/wheel/horovod-*.whl
 	$(PIP) install --quiet -c $(CONSTRAINTS) horovod==$(HOROVOD_VERSION)
-	mkdir -p build && rm -rf build/tf$(TF) && ln -s $(HOROVOD_BUILD) build/tf$(TF)
+	mkdir -p build && rm -rf build/$(LINE) && ln -s $(HOROVOD_BUILD) build/$(LINE)
 	touch $(HOROVOD_STAMP)
 
 # Compiles horovod into $(HOROVOD_BUILD)/wheel unless an earlier build left it there.
@@ -73,7 +104,10 @@ horovod-wheel:
 			horovod==$(HOROVOD_VERSION) && \
 		tar -xzf $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION).tar.gz -C $(HOROVOD_BUILD) && \
 		for p in $(HOROVOD_PATCHES); do git -C $(HOROVOD_SRC) apply $(CURDIR)/$$p || exit 1; done && \
-		$(HOROVOD_FLAGS) MAKEFLAGS=-j$(shell nproc) $(PIP) wheel --quiet --no-build-isolation \
+		$(if $(filter gpu,$(LINE)),mkdir -p $(HOROVOD_BUILD)/links && \
+			ln -sf $(CUDA_ROOT)/nccl/lib/libnccl.so.2 $(HOROVOD_BUILD)/links/libnccl.so && \
+			ln -sf $(CUDA_ROOT)/cu13/lib/libcudart.so.13 $(HOROVOD_BUILD)/links/libcudart.so &&) \
+		$(HOROVOD_FLAGS) $(HOROVOD_BUILD_ENV) MAKEFLAGS=-j$(shell nproc) $(PIP) wheel --quiet --no-build-isolation \
 			--no-cache-dir --no-deps -w $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_SRC) && \
 		mv $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_BUILD)/wheel; \
 	fi
@@ -84,7 +118,9 @@ $(STAMP): $(HOROVOD_STAMP) setup.py
 
 # The documentation, then the whole suite on the chosen line; on the default line, then
 # the 2023 line's subset.
-ifeq ($(TF),2.21)
+ifeq ($(GPU),1)
+test: test-gpu-line
+else ifeq ($(TF),2.21)
 test: docs test-suite test-2023
 else
 test: test-suite
@@ -107,6 +143,18 @@ test-2023:
 
 test-subset: install
 	$(PY) -m pytest $(PYTEST_ARGS) -m "unit or line_2023" --ignore=test/test_bench.py test
+
+# The GPU line on a machine without a GPU (make test GPU=1, about 2 minutes after its
+# install): its build's NCCL and CUDA, horovod.torch's tests on CPU tensors, and the device
+# check's script on CPU ranks. Not in `make test` (CI), whose time it does not fit.
+test-gpu-line: install
+	$(PY) -m pytest $(PYTEST_ARGS) -m gpu_line test/stack test/test_torch.py
+
+# The device check, on a machine with NVIDIA GPUs (docs/gpus.rst): builds the GPU line
+# first where it is not built yet.
+test-gpu:
+	$(MAKE) GPU=1 install
+	.venv-gpu/bin/python -m bench.gpu_check
 
 test-bench: install
 	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py
@@ -147,7 +195,7 @@ bench-lines: native
 	.venv/bin/python -m bench.lines
 
 clean:
-	rm -rf .venv .venv-tf2.15 build *.egg-info .pytest_cache
+	rm -rf .venv .venv-tf2.15 .venv-gpu build *.egg-info .pytest_cache
 
 # The horovod builds that `make install` keeps for reuse (see HOROVOD_CACHE).
 clean-cache:

@@ -36,8 +36,9 @@ setup(
         # Keras 3, and the 2023 line, whose tf.keras is Keras 2.
         "tensorflow": ["tensorflow-cpu>=2.21,<2.22", "keras>=3.15,<4"],
         "tensorflow-2023": ["tensorflow-cpu>=2.15,<2.16"],
-        # horovod.torch: horovod must be built against this PyTorch (make install does).
-        "torch": ["torch>=2.13,<2.14"],
+        # horovod.torch: horovod must be built against this PyTorch (make install does);
+        # 2.13 on the default line, 2.14 (CUDA 13) on the GPU line.
+        "torch": ["torch>=2.13,<2.15"],
         "tune": ["ray[tune]>=2.60,<3"],
         "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils", "psutil>=6"],
         "examples": ["scikit-learn"],

@@ -3,6 +3,7 @@
 Stock horovod 0.28.1 does not build against PyTorch 2.1 or later
 (patches/horovod-0.28.1-torch-cxx-standard.patch). Every rank trains on data of its own
 (test/torch_training.py); the results are compared with each other and with plain PyTorch.
+The GPU line (``make test GPU=1``) runs this module too: its NCCL build on CPU tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from horovod_ray import RayExecutor
 from test import torch_training
 from test.conftest import run_fresh_python, same_on_every_rank
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.gpu_line]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +108,9 @@ def _both_frameworks() -> list:
     return [total, float(tf.reduce_sum(tf.ones(2))), hvd_tf.__name__]
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None, reason="this line has no TensorFlow (GPU)"
+)
 def test_tensorflow_and_torch_import_in_either_order_beside_each_other(executor):
     assert executor.run(_both_frameworks) == [[2.0, 2.0, "horovod.tensorflow"]] * 2
 
@@ -143,19 +147,17 @@ def test_the_install_check_fails_when_torch_is_there_but_horovod_lacks_it(
     monkeypatch, capsys, has_torch, code
 ):
     """``make install``'s check: PyTorch installed and horovod built without its extension
-    is an error naming the rebuild (horovod's own probes answered here, so no framework is
-    imported)."""
-    import horovod.common.util
-
+    is an error naming the rebuild (the probes of horovod's extensions answered here, so no
+    framework is imported)."""
     from horovod_ray.stack import check_install
 
     if importlib.util.find_spec("torch") is None:
         pytest.skip("this line has no PyTorch (the 2023 line)")
-    monkeypatch.setattr(horovod.common.util, "gloo_built", lambda: True)
+    built = {"gloo": True, "nccl": 0, "cuda": False}
     monkeypatch.setattr(
-        horovod.common.util,
-        "extension_available",
-        lambda framework: framework != "torch" or has_torch,
+        check_install,
+        "_probe",
+        lambda framework: built if framework != "torch" or has_torch else None,
     )
     assert check_install._full_check(require_fix=True) == code
     out, err = capsys.readouterr()

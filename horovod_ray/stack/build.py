@@ -1,8 +1,9 @@
-"""Checks that the installed horovod can run a Gloo job with TensorFlow.
+"""Checks that the installed horovod can run a Gloo job.
 
 ``require_gloo()`` is the cheap check the executor makes before taking any Ray resource:
-it looks inside horovod's TensorFlow extension for the Gloo controller without importing
-TensorFlow. ``python -m horovod_ray.stack.check_install`` is the full check ``make install``
+it looks inside one of horovod's framework extensions (TensorFlow's, else PyTorch's, as in
+a PyTorch-only or the GPU line's build) for the Gloo controller without importing either
+framework. ``python -m horovod_ray.stack.check_install`` is the full check ``make install``
 runs, through horovod's own probes.
 """
 
@@ -26,6 +27,11 @@ INSTALL_HINT = (
     "--no-cache-dir ./horovod-0.28.1"
 )
 
+GPU_HINT = (
+    "build the GPU line: `make install GPU=1` in a horovod_ray checkout (PyTorch's CUDA "
+    "build, and horovod with HOROVOD_GPU_OPERATIONS=NCCL; docs/gpus.rst)"
+)
+
 TORCH_HINT = (
     "rebuild horovod with HOROVOD_WITH_PYTORCH=1 against the installed PyTorch "
     "(`make install` in a horovod_ray checkout does; docs/install.rst shows the commands)"
@@ -46,17 +52,25 @@ def _horovod_dir() -> str | None:
     return list(spec.submodule_search_locations)[0]
 
 
+# Where each framework's extension lies in horovod's package; each holds horovod's common
+# core (its controllers and the patched Gloo code), so any one answers the checks below.
+_EXTENSIONS = (("tensorflow", "mpi_lib*.so"), ("torch", "mpi_lib_v2*.so"))
+
+
 @functools.cache
-def _tf_extension() -> str | None:
+def _extension() -> str | None:
     package_dir = _horovod_dir()
     if package_dir is None:
         return None
-    libs = glob.glob(os.path.join(package_dir, "tensorflow", "mpi_lib*.so"))
-    return libs[0] if libs else None
+    for folder, pattern in _EXTENSIONS:
+        libs = glob.glob(os.path.join(package_dir, folder, pattern))
+        if libs:
+            return libs[0]
+    return None
 
 
 def _extension_has(marker: bytes) -> bool:
-    path = _tf_extension()
+    path = _extension()
     if path is None:
         return False
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -67,8 +81,8 @@ def _extension_has(marker: bytes) -> bool:
 def _gloo_problem() -> str | None:
     if importlib.util.find_spec("horovod") is None:
         return "horovod is not installed"
-    if _tf_extension() is None:
-        return "horovod was built without TensorFlow support"
+    if _extension() is None:
+        return "horovod was built without TensorFlow or PyTorch support"
     if not _extension_has(_GLOO_MARKER):
         return "horovod was built without Gloo"
     return None
@@ -110,6 +124,12 @@ def keras3_port() -> bool | None:
     )
 
 
+def nccl_in_build() -> bool:
+    """Whether horovod was compiled with NCCL (``HOROVOD_GPU_OPERATIONS=NCCL``, the GPU
+    line): its extension then calls NCCL, without importing a framework to ask."""
+    return _gloo_problem() is None and _extension_has(b"ncclCommInitRank")
+
+
 def sync_batch_norm_on_cpu() -> bool:
     """Whether ``horovod.torch.SyncBatchNorm`` runs on CPU tensors (this repo's patch
     horovod-*-torch-sync-batch-norm-cpu.patch); stock horovod's is GPU-only."""
@@ -123,7 +143,8 @@ def sync_batch_norm_on_cpu() -> bool:
 
 
 def require_gloo() -> None:
-    """Raises HorovodRayError, naming the install command, unless horovod has Gloo + TF."""
+    """Raises HorovodRayError, naming the install command, unless horovod has Gloo and a
+    framework extension."""
     problem = _gloo_problem()
     if problem is not None:
         raise HorovodRayError(f"{problem}; {INSTALL_HINT}")

@@ -2,19 +2,25 @@
 
 Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
 with TensorFlow and Gloo, and with PyTorch where PyTorch is installed, exiting non-zero
-if not, and says whether it carries the Gloo
+if not; says whether it has NCCL and CUDA (``--gpu``, which ``make install GPU=1``
+passes, makes PyTorch, NCCL and CUDA required and TensorFlow optional), and whether it
+carries the Gloo
 interface fix and, on Keras 3, the Keras 3 port from ``patches/`` (a stock build still
 runs collectives, with the hostname caveat; ``--require-fix``, which ``make install``
 passes, makes the absence of either an error).
 """
 
+import functools
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from horovod_ray.stack.build import (  # noqa: E402
+    GPU_HINT,
     INSTALL_HINT,
     TORCH_HINT,
     batched_rendezvous,
@@ -25,24 +31,101 @@ from horovod_ray.stack.build import (  # noqa: E402
 )
 
 
-def _full_check(require_fix: bool) -> int:
-    from horovod.common.util import extension_available, gloo_built
+def _nccl_version(code: int) -> str:
+    """NCCL_VERSION_CODE as horovod reports it (2.30.7 is 23007) to its release."""
+    major, rest = divmod(code, 10000) if code >= 10000 else divmod(code, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
 
+
+def _gpu_check(gpu: bool) -> int:
+    """What horovod's collectives can do with GPU tensors; with ``gpu``, NCCL and CUDA are
+    required, as the GPU line builds them."""
+    nccl = horovod_nccl_built()
+    cuda = nccl and horovod_cuda_built()
+    if nccl and cuda:
+        print(f"horovod_ray: horovod has NCCL {_nccl_version(nccl)} and CUDA ({_cuda_versions()})")
+        return 0
+    if gpu:
+        print(
+            f"horovod_ray: horovod lacks {'NCCL' if not nccl else 'CUDA'}: {GPU_HINT}",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        "horovod_ray: horovod has no NCCL (a CPU build: GPU tensors go through host "
+        "memory; docs/gpus.rst)"
+    )
+    return 0
+
+
+# Run in a fresh interpreter per framework: loads horovod's extension for it (or fails to),
+# and prints what the build has, in one import where horovod's own probes import the
+# framework again for each question.
+_PROBE = """
+import json, os, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.stdout, out = open(os.devnull, "w"), sys.stdout
+import horovod.{0} as hvd
+out.write(json.dumps({{"gloo": bool(hvd.gloo_built()), "nccl": int(hvd.nccl_built()),
+                       "cuda": bool(hvd.cuda_built())}}))
+"""
+
+
+@functools.cache
+def _probe(framework: str) -> dict | None:
+    """What horovod's ``framework`` extension was built with, or None where it does not load
+    (the framework is not installed, or horovod was built without it)."""
+    if importlib.util.find_spec(framework) is None:
+        return None
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(framework)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
+def horovod_nccl_built() -> int:
+    """NCCL_VERSION_CODE of horovod's NCCL, or 0."""
+    return max((_probe(f) or {}).get("nccl", 0) for f in ("torch", "tensorflow"))
+
+
+def horovod_cuda_built() -> bool:
+    """Whether a framework extension of horovod was compiled with CUDA (horovod's public
+    ``gpu_available`` asks whether a GPU is there now, which a build machine lacks)."""
+    return any((_probe(f) or {}).get("cuda", False) for f in ("torch", "tensorflow"))
+
+
+def _cuda_versions() -> str:
+    import torch
+
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"PyTorch's CUDA {torch.version.cuda}, {devices} GPU(s) visible here"
+
+
+def _full_check(require_fix: bool, gpu: bool = False) -> int:
+    framework = "PyTorch" if gpu else "TensorFlow"
+    built = _probe("torch" if gpu else "tensorflow")
     failures = []
-    if not extension_available("tensorflow"):
-        failures.append("TensorFlow")
-    if not gloo_built():
+    if built is None:
+        failures.append(framework)
+    if not (built or {}).get("gloo"):
         failures.append("Gloo")
     if failures:
         print(
-            f"horovod_ray: horovod lacks {' and '.join(failures)}; {INSTALL_HINT}", file=sys.stderr
+            f"horovod_ray: horovod lacks {' and '.join(failures)}; "
+            f"{GPU_HINT if gpu else INSTALL_HINT}",
+            file=sys.stderr,
         )
         return 1
     require_gloo()  # the executor's cheap check must agree
-    print("horovod_ray: horovod has Gloo and TensorFlow")
+    print(f"horovod_ray: horovod has Gloo and {framework}")
+    if _gpu_check(gpu):
+        return 1
     if importlib.util.find_spec("torch") is None:
         print("horovod_ray: PyTorch is not installed (horovod.torch needs it and a rebuild)")
-    elif extension_available("torch"):
+    elif _probe("torch") is not None:
         print("horovod_ray: horovod has PyTorch (horovod.torch)")
         if sync_batch_norm_on_cpu():
             print("horovod_ray: horovod has SyncBatchNorm on CPUs (horovod.torch)")
@@ -85,4 +168,4 @@ def _full_check(require_fix: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_full_check(require_fix="--require-fix" in sys.argv[1:]))
+    sys.exit(_full_check(require_fix="--require-fix" in sys.argv[1:], gpu="--gpu" in sys.argv[1:]))

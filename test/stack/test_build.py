@@ -1,0 +1,106 @@
+"""The install checks without a real build: which extension answers them (TensorFlow's,
+else PyTorch's, as in a PyTorch-only or the GPU line's horovod), and what ``make install``'s
+check says of NCCL and CUDA (horovod's own probes answered here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from horovod_ray.errors import HorovodRayError
+from horovod_ray.stack import build, check_install
+
+pytestmark = pytest.mark.unit  # pure logic: no Ray
+
+
+@pytest.fixture
+def fake_horovod(tmp_path, monkeypatch):
+    """An installed horovod's package folder whose extensions the test writes: a file
+    holding the bytes a build leaves in its library."""
+    package = tmp_path / "horovod"
+    package.mkdir()
+    monkeypatch.setattr(build, "_horovod_dir", lambda: str(package))
+    for cached in (build._extension, build._gloo_problem):
+        cached.cache_clear()
+    yield package
+    for cached in (build._extension, build._gloo_problem):
+        cached.cache_clear()
+
+
+def _extension(package, framework: str, name: str, content: bytes) -> None:
+    (package / framework).mkdir()
+    (package / framework / name).write_bytes(b"\0ELF..." + content + b"...")
+
+
+def test_a_pytorch_only_horovod_with_gloo_passes_the_executors_check(fake_horovod):
+    # horovod built with HOROVOD_WITHOUT_TENSORFLOW=1: only the torch extension exists.
+    _extension(
+        fake_horovod, "torch", "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so", b"GlooController"
+    )
+    build.require_gloo()
+    assert build._extension().endswith("mpi_lib_v2.cpython-311-x86_64-linux-gnu.so")
+
+
+def test_tensorflows_extension_answers_first(fake_horovod):
+    _extension(fake_horovod, "tensorflow", "mpi_lib.cpython-311-x86_64-linux-gnu.so", b"x")
+    _extension(fake_horovod, "torch", "mpi_lib_v2.so", b"GlooController")
+    with pytest.raises(HorovodRayError, match="horovod was built without Gloo"):
+        build.require_gloo()
+
+
+def test_a_horovod_without_any_framework_extension_names_both(fake_horovod):
+    with pytest.raises(HorovodRayError) as info:
+        build.require_gloo()
+    assert "horovod was built without TensorFlow or PyTorch support" in str(info.value)
+    assert "make install" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "version"), [(23007, "2.30.7"), (22707, "2.27.7"), (2804, "2.8.4"), (2708, "2.7.8")]
+)
+def test_nccl_version_codes_read_as_releases(code, version):
+    # NCCL_VERSION_CODE is X*10000+Y*100+Z from 2.9, X*1000+Y*100+Z before.
+    assert check_install._nccl_version(code) == version
+
+
+def _probes(monkeypatch, nccl: int, gpu_torch: bool) -> None:
+    """What the probe of each framework's extension finds: PyTorch's as given, TensorFlow's
+    a CPU build."""
+    torch = {"gloo": True, "nccl": nccl, "cuda": gpu_torch}
+    tensorflow = {"gloo": True, "nccl": 0, "cuda": False}
+    monkeypatch.setattr(
+        check_install, "_probe", lambda framework: torch if framework == "torch" else tensorflow
+    )
+    monkeypatch.setattr(check_install, "_cuda_versions", lambda: "PyTorch's CUDA 13.0, 0 GPU(s)")
+
+
+def test_the_gpu_lines_check_reports_nccl_and_cuda(monkeypatch, capsys):
+    _probes(monkeypatch, nccl=23007, gpu_torch=True)
+    assert check_install._gpu_check(gpu=True) == 0
+    assert "horovod has NCCL 2.30.7 and CUDA (PyTorch's CUDA 13.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("nccl", "gpu_torch", "missing"), [(0, False, "NCCL"), (23007, False, "CUDA")]
+)
+def test_the_gpu_lines_check_fails_without_nccl_or_cuda(
+    monkeypatch, capsys, nccl, gpu_torch, missing
+):
+    _probes(monkeypatch, nccl=nccl, gpu_torch=gpu_torch)
+    assert check_install._gpu_check(gpu=True) == 1
+    err = capsys.readouterr().err
+    assert f"horovod lacks {missing}" in err and "make install GPU=1" in err
+
+
+def test_the_probe_reads_a_real_build_and_refuses_an_absent_framework():
+    # This line's horovod: a CPU build (the GPU line's is test_gpu_line's).
+    check_install._probe.cache_clear()
+    built = check_install._probe("torch") or check_install._probe("tensorflow")
+    assert built["gloo"] is True
+    assert check_install._probe("no_such_framework") is None
+    check_install._probe.cache_clear()
+
+
+def test_a_cpu_build_is_reported_as_such_and_passes(monkeypatch, capsys):
+    _probes(monkeypatch, nccl=0, gpu_torch=False)
+    assert check_install._gpu_check(gpu=False) == 0
+    assert "horovod has no NCCL (a CPU build" in capsys.readouterr().out

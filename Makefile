@@ -10,14 +10,16 @@ ifeq ($(GPU),1)
 LINE := gpu
 VENV := .venv-gpu
 CONSTRAINTS := constraints-gpu.txt
-# The CUDA 13 compiler, its headers and NVVM, besides what torch brings (runtime, NCCL).
+# The CUDA 13 compiler, its headers and NVVM; the runtime and NCCL come with torch, and
+# are named so that their pins in constraints-gpu.txt apply.
 TF_PACKAGES := torch nvidia-cuda-nvcc nvidia-cuda-crt nvidia-cuda-cccl nvidia-nvvm \
 	nvidia-cuda-runtime nvidia-nccl-cu13
 TF_EXTRA := torch
 # pip's wheels have only libnccl.so.2 and libcudart.so.13: the build finds unversioned links
 # to them in a folder of its own. nvcc's profile looks for its runtime in lib64, which the
-# wheels name lib (CUDAFLAGS).
-CUDA_ROOT = $(CURDIR)/$(VENV)/lib/$(notdir $(PYTHON))/site-packages/nvidia
+# wheels name lib (CUDAFLAGS). The built extension finds both libraries at run time because
+# horovod.torch imports torch first, which loads them from the environment's wheels.
+CUDA_ROOT = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nvidia
 HOROVOD_BUILD_ENV = HOROVOD_CUDA_HOME=$(CUDA_ROOT)/cu13 CUDA_HOME=$(CUDA_ROOT)/cu13 \
 	CUDAFLAGS=-L$(CUDA_ROOT)/cu13/lib \
 	CMAKE_LIBRARY_PATH=$(HOROVOD_BUILD)/links HOROVOD_NCCL_INCLUDE=$(CUDA_ROOT)/nccl/include \
@@ -51,10 +53,10 @@ HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 $(HOROVOD_TORCH) 
 CHECK_FLAGS := --require-fix
 ifeq ($(GPU),1)
 # PyTorch alone (docs/gpus.rst says why not TensorFlow), with horovod's GPU collectives on
-# NCCL, for Ampere (80), Hopper (90) and Blackwell (100) GPUs.
+# NCCL, for Turing (75), Ampere (80), Hopper (90) and Blackwell (100) GPUs.
 HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL \
-	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=80,90,100
+	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=75,80,90,100
 CHECK_FLAGS := --require-fix --gpu
 endif
 # horovod is compiled once for each set of what goes into it (its patches, the frameworks
@@ -88,7 +90,7 @@ $(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
 	# horovod's source release, with this repo's fixes applied (see patches/), compiled
 	# against the frameworks installed above, so no build isolation; one build at a time.
 	mkdir -p $(HOROVOD_CACHE)
-	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) horovod-wheel
+	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) GPU=$(GPU) horovod-wheel
 	$(PIP) install --quiet --force-reinstall --no-deps $(HOROVOD_BUILD)/wheel/horovod-*.whl
 	$(PIP) install --quiet -c $(CONSTRAINTS) horovod==$(HOROVOD_VERSION)
 	mkdir -p build && rm -rf build/$(LINE) && ln -s $(HOROVOD_BUILD) build/$(LINE)
@@ -139,12 +141,12 @@ test-suite: install
 # horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node
 # (marked line_2023).
 test-2023:
-	$(MAKE) TF=2.15 test-subset
+	$(MAKE) TF=2.15 GPU=0 test-subset
 
 test-subset: install
 	$(PY) -m pytest $(PYTEST_ARGS) -m "unit or line_2023" --ignore=test/test_bench.py test
 
-# The GPU line on a machine without a GPU (make test GPU=1, about 2 minutes after its
+# The GPU line on a machine without a GPU (make test GPU=1, about a minute after its
 # install): its build's NCCL and CUDA, horovod.torch's tests on CPU tensors, and the device
 # check's script on CPU ranks. Not in `make test` (CI), whose time it does not fit.
 test-gpu-line: install
@@ -166,7 +168,7 @@ demo: install
 # a docstring that does not render), then every link between its pages is checked.
 # Built with the default line's environment, where ``make install`` puts Sphinx.
 docs:
-	$(MAKE) TF=2.21 .venv/.installed
+	$(MAKE) TF=2.21 GPU=0 .venv/.installed
 	rm -rf build/docs
 	.venv/bin/python -m sphinx -W --keep-going -q -b html docs build/docs/html
 	.venv/bin/python docs/check_links.py build/docs/html
@@ -190,8 +192,8 @@ bench-quick: install native
 
 # B1, B2 and the demo's epoch time on both TensorFlow lines, alternating (docs/benchmarks.rst).
 bench-lines: native
-	$(MAKE) TF=2.21 install
-	$(MAKE) TF=2.15 install
+	$(MAKE) TF=2.21 GPU=0 install
+	$(MAKE) TF=2.15 GPU=0 install
 	.venv/bin/python -m bench.lines
 
 clean:

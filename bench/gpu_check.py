@@ -1,8 +1,9 @@
 """``make test-gpu``: the GPU line's check on a machine with NVIDIA GPUs
 (``python -m bench.gpu_check``; docs/gpus.rst).
 
-Through ``horovod_ray.run(..., use_gpu=True)``, on one rank per GPU (2 where Ray sees two
-or more, else 1: NCCL refuses two ranks of one communicator on one device), each rank:
+Through ``horovod_ray.run(..., use_gpu=True)``, on 2 ranks, each on a GPU of its own, where
+Ray sees two GPUs or more, else on 1 (NCCL refuses two ranks of one communicator on one
+device), each rank:
 
 * joins Horovod and checks that its horovod was built with NCCL and CUDA;
 * runs an allreduce, an allgather and a broadcast on tensors in its GPU's memory, the
@@ -10,7 +11,7 @@ or more, else 1: NCCL refuses two ranks of one communicator on one device), each
 * takes one ``hvd.DistributedOptimizer`` step from different initial weights and data per
   rank, after ``broadcast_parameters``: every rank must end with the same weights, and
   they must be the ones a plain optimizer reaches with the averaged gradient;
-* times ``ITERS`` allreduces of a ``--mb`` float32 tensor through horovod (NCCL) and through
+* times ``--iters`` allreduces of a ``--mb`` float32 tensor through horovod (NCCL) and through
   ``torch.distributed``'s nccl backend in the same processes, on the same tensor (with one
   rank there is no peer, and no figure).
 
@@ -27,7 +28,7 @@ import sys
 import time
 
 import bench.common  # noqa: F401 - Ray's environment before ray
-from horovod_ray.stack.check_install import _nccl_version
+from horovod_ray.stack.build import nccl_version
 
 WARMUP = 3
 
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         nccl = found["nccl built"]
         print(
             f"rank {rank}: {found.get('gpu', 'cpu')}; horovod built "
-            + (f"with NCCL {_nccl_version(nccl)}" if nccl else "without NCCL")
+            + (f"with NCCL {nccl_version(nccl)}" if nccl else "without NCCL")
             + (" and CUDA" if found["cuda built"] else ", without CUDA")
         )
         for check in CHECKS:

@@ -126,8 +126,17 @@ def keras3_port() -> bool | None:
 
 def nccl_in_build() -> bool:
     """Whether horovod was compiled with NCCL (``HOROVOD_GPU_OPERATIONS=NCCL``, the GPU
-    line): its extension then calls NCCL, without importing a framework to ask."""
+    line): its extension then calls NCCL. Read from the library's bytes, without importing
+    a framework, for the tests to choose what to run; ``make install``'s check asks the
+    loaded extension (``check_install``), which also gives NCCL's version."""
     return _gloo_problem() is None and _extension_has(b"ncclCommInitRank")
+
+
+def nccl_version(code: int) -> str:
+    """NCCL_VERSION_CODE as horovod reports it (``hvd.nccl_built()``) to its release: from
+    NCCL 2.9 on X*10000 + Y*100 + Z (2.30.7 is 23007), before that X*1000 + Y*100 + Z."""
+    major, rest = divmod(code, 10000) if code >= 10000 else divmod(code, 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def sync_batch_norm_on_cpu() -> bool:

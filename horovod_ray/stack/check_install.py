@@ -26,15 +26,10 @@ from horovod_ray.stack.build import (  # noqa: E402
     batched_rendezvous,
     gloo_iface_fixed,
     keras3_port,
+    nccl_version,
     require_gloo,
     sync_batch_norm_on_cpu,
 )
-
-
-def _nccl_version(code: int) -> str:
-    """NCCL_VERSION_CODE as horovod reports it (2.30.7 is 23007) to its release."""
-    major, rest = divmod(code, 10000) if code >= 10000 else divmod(code, 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def _gpu_check(gpu: bool) -> int:
@@ -43,7 +38,7 @@ def _gpu_check(gpu: bool) -> int:
     nccl = horovod_nccl_built()
     cuda = nccl and horovod_cuda_built()
     if nccl and cuda:
-        print(f"horovod_ray: horovod has NCCL {_nccl_version(nccl)} and CUDA ({_cuda_versions()})")
+        print(f"horovod_ray: horovod has NCCL {nccl_version(nccl)} and CUDA ({_cuda_versions()})")
         return 0
     if gpu:
         print(
@@ -59,42 +54,49 @@ def _gpu_check(gpu: bool) -> int:
 
 
 # Run in a fresh interpreter per framework: loads horovod's extension for it (or fails to),
-# and prints what the build has, in one import where horovod's own probes import the
-# framework again for each question.
+# and prints what the build has on its last line, in one import where horovod's own
+# probes import the framework again for each question.
 _PROBE = """
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.stdout, out = open(os.devnull, "w"), sys.stdout
 import horovod.{0} as hvd
-out.write(json.dumps({{"gloo": bool(hvd.gloo_built()), "nccl": int(hvd.nccl_built()),
-                       "cuda": bool(hvd.cuda_built())}}))
+out.write("\\n" + json.dumps({{"gloo": bool(hvd.gloo_built()), "nccl": int(hvd.nccl_built()),
+                               "cuda": bool(hvd.cuda_built())}}))
 """
 
 
 @functools.cache
-def _probe(framework: str) -> dict | None:
-    """What horovod's ``framework`` extension was built with, or None where it does not load
-    (the framework is not installed, or horovod was built without it)."""
+def _probe(framework: str) -> dict:
+    """What horovod's ``framework`` extension was built with (``gloo``, ``nccl``, ``cuda``),
+    or ``{"error": why}`` where it does not load: the framework is not installed, horovod
+    was built without it, or loading it failed (the last line it wrote)."""
     if importlib.util.find_spec(framework) is None:
-        return None
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(framework)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return json.loads(done.stdout) if done.returncode == 0 else None
+        return {"error": f"{framework} is not installed"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE.format(framework)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"importing horovod.{framework} took more than 300 s"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return {"error": f"importing horovod.{framework} failed: {last}"}
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def horovod_nccl_built() -> int:
     """NCCL_VERSION_CODE of horovod's NCCL, or 0."""
-    return max((_probe(f) or {}).get("nccl", 0) for f in ("torch", "tensorflow"))
+    return max(_probe(f).get("nccl", 0) for f in ("torch", "tensorflow"))
 
 
 def horovod_cuda_built() -> bool:
     """Whether a framework extension of horovod was compiled with CUDA (horovod's public
     ``gpu_available`` asks whether a GPU is there now, which a build machine lacks)."""
-    return any((_probe(f) or {}).get("cuda", False) for f in ("torch", "tensorflow"))
+    return any(_probe(f).get("cuda", False) for f in ("torch", "tensorflow"))
 
 
 def _cuda_versions() -> str:
@@ -107,17 +109,12 @@ def _cuda_versions() -> str:
 def _full_check(require_fix: bool, gpu: bool = False) -> int:
     framework = "PyTorch" if gpu else "TensorFlow"
     built = _probe("torch" if gpu else "tensorflow")
-    failures = []
-    if built is None:
-        failures.append(framework)
-    if not (built or {}).get("gloo"):
-        failures.append("Gloo")
-    if failures:
-        print(
-            f"horovod_ray: horovod lacks {' and '.join(failures)}; "
-            f"{GPU_HINT if gpu else INSTALL_HINT}",
-            file=sys.stderr,
-        )
+    hint = GPU_HINT if gpu else INSTALL_HINT
+    if "error" in built:
+        print(f"horovod_ray: horovod lacks {framework} ({built['error']}); {hint}", file=sys.stderr)
+        return 1
+    if not built["gloo"]:
+        print(f"horovod_ray: horovod lacks Gloo; {hint}", file=sys.stderr)
         return 1
     require_gloo()  # the executor's cheap check must agree
     print(f"horovod_ray: horovod has Gloo and {framework}")
@@ -125,7 +122,7 @@ def _full_check(require_fix: bool, gpu: bool = False) -> int:
         return 1
     if importlib.util.find_spec("torch") is None:
         print("horovod_ray: PyTorch is not installed (horovod.torch needs it and a rebuild)")
-    elif _probe("torch") is not None:
+    elif "error" not in _probe("torch"):
         print("horovod_ray: horovod has PyTorch (horovod.torch)")
         if sync_batch_norm_on_cpu():
             print("horovod_ray: horovod has SyncBatchNorm on CPUs (horovod.torch)")

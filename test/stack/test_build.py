@@ -9,7 +9,8 @@ import pytest
 from horovod_ray.errors import HorovodRayError
 from horovod_ray.stack import build, check_install
 
-pytestmark = pytest.mark.unit  # pure logic: no Ray
+# Pure logic without Ray; also on the GPU line, whose build takes the PyTorch-only paths.
+pytestmark = [pytest.mark.unit, pytest.mark.gpu_line]
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_a_horovod_without_any_framework_extension_names_both(fake_horovod):
 )
 def test_nccl_version_codes_read_as_releases(code, version):
     # NCCL_VERSION_CODE is X*10000+Y*100+Z from 2.9, X*1000+Y*100+Z before.
-    assert check_install._nccl_version(code) == version
+    assert build.nccl_version(code) == version
 
 
 def _probes(monkeypatch, nccl: int, gpu_torch: bool) -> None:
@@ -91,13 +92,34 @@ def test_the_gpu_lines_check_fails_without_nccl_or_cuda(
     assert f"horovod lacks {missing}" in err and "make install GPU=1" in err
 
 
-def test_the_probe_reads_a_real_build_and_refuses_an_absent_framework():
-    # This line's horovod: a CPU build (the GPU line's is test_gpu_line's).
+def test_the_probe_reads_the_installed_build_and_names_what_does_not_load():
     check_install._probe.cache_clear()
-    built = check_install._probe("torch") or check_install._probe("tensorflow")
-    assert built["gloo"] is True
-    assert check_install._probe("no_such_framework") is None
-    check_install._probe.cache_clear()
+    try:
+        frameworks = [check_install._probe(f) for f in ("torch", "tensorflow")]
+        loaded = [built for built in frameworks if "error" not in built]
+        assert loaded and all(built["gloo"] is True for built in loaded)
+        assert check_install._probe("no_such_framework") == {
+            "error": "no_such_framework is not installed"
+        }
+    finally:
+        check_install._probe.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("torch", "message"),
+    [
+        (
+            {"error": "importing horovod.torch failed: OSError: libcudart.so.13"},
+            "horovod lacks PyTorch (importing horovod.torch failed: OSError: "
+            "libcudart.so.13); build the GPU line",
+        ),
+        ({"gloo": False, "nccl": 23007, "cuda": True}, "horovod lacks Gloo; build the GPU line"),
+    ],
+)
+def test_the_gpu_lines_full_check_names_what_is_missing(monkeypatch, capsys, torch, message):
+    monkeypatch.setattr(check_install, "_probe", lambda framework: torch)
+    assert check_install._full_check(require_fix=True, gpu=True) == 1
+    assert message in capsys.readouterr().err
 
 
 def test_a_cpu_build_is_reported_as_such_and_passes(monkeypatch, capsys):

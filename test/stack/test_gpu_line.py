@@ -14,8 +14,7 @@ import sys
 import pytest
 import ray
 
-from horovod_ray.stack import check_install
-from horovod_ray.stack.build import _extension, nccl_in_build
+from horovod_ray.stack.build import _extension, nccl_in_build, nccl_version
 from test.conftest import ROOT, run_fresh_python, start_local_ray
 
 pytestmark = pytest.mark.gpu_line
@@ -32,7 +31,7 @@ def test_the_build_has_the_nccl_wheels_release_and_cuda():
     nccl = importlib.metadata.version("nvidia-nccl-cu13")  # 2.30.7 -> 23007
     major, minor, patch = (int(part) for part in nccl.split("."))
     assert out.split() == [str(major * 10000 + minor * 100 + patch), "True"]
-    assert check_install._nccl_version(major * 10000 + minor * 100 + patch) == nccl
+    assert nccl_version(major * 10000 + minor * 100 + patch) == nccl
     # Linked to the wheel's libnccl.so.2 (HOROVOD_NCCL_LINK=SHARED), not a static copy.
     dynamic = subprocess.run(
         ["readelf", "-d", _extension()], capture_output=True, text=True, check=True
@@ -42,9 +41,12 @@ def test_the_build_has_the_nccl_wheels_release_and_cuda():
 
 @pytest.mark.unit
 @gpu_build
-def test_horovod_torch_imports_and_reduces_on_cpu_without_a_driver():
-    # No GPU and no driver here: the CUDA build imports, joins and reduces CPU tensors.
+def test_horovod_torch_imports_and_reduces_on_cpu_without_a_gpu():
+    # No GPU here (none shown where there is one): the CUDA build imports, joins and
+    # reduces CPU tensors.
     out = run_fresh_python(
+        "import os\n"
+        "os.environ['CUDA_VISIBLE_DEVICES'] = ''\n"
         "import torch\n"
         "assert not torch.cuda.is_available()\n"
         "import horovod.torch as hvd\n"

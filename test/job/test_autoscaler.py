@@ -32,7 +32,7 @@ def test_an_elastic_job_grows_onto_the_nodes_the_autoscaler_launches_for_it(tmp_
         assert result.returncode == 0, result.stderr[-3000:]
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
     sizes = outcome["sizes"]
-    assert sizes[-3:] == [6, 6, 6], sizes
+    assert sizes[-3:] == [6, 6, 6], outcome
     assert outcome["to_max_workers_s"] is not None  # the membership event said so too
     assert outcome["request"] == []
     assert outcome["idle_nodes_gone_s"] is not None

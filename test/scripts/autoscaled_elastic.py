@@ -1,8 +1,9 @@
 """A driver on a cluster whose nodes Ray's autoscaler launches (RAY_ADDRESS): an elastic
 job with min_workers=2, max_workers=6 on 1-CPU ranks, from a head without CPUs. Prints
 one JSON line: rank 0's world size at each step, the seconds from the run() call to the
-world at 6 ranks (None: never), the autoscaler request left once run() returned, and the
-seconds until the idle nodes were gone (None: not within 60 s)."""
+world at 6 ranks (None: never), the autoscaler request left once run() returned, the
+worker nodes alive then, and the seconds until the idle nodes were gone (None: not within
+60 s)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def main(folder: str) -> None:
 
     results = horovod_ray.run(
         grow_after_a_slow_start,
-        args=(folder, 6),
+        # Up to 900 steps (3 minutes): on a loaded machine the autoscaler's third node has
+        # taken more than the 300 steps this once gave it (CI, 2026-12-04).
+        args=(folder, 6, 900),
         min_workers=2,
         max_workers=6,
         cpus_per_slot=1,
@@ -37,12 +40,17 @@ def main(folder: str) -> None:
         callbacks=[on_event],
     )
     ended = time.monotonic()
-    request = standing_request()
+    request, nodes_at_end = standing_request(), alive_worker_nodes()
     while alive_worker_nodes() and time.monotonic() - ended < 60:
         time.sleep(0.5)
     gone_s = None if alive_worker_nodes() else round(time.monotonic() - ended, 1)
     to_six_s = at_six[0] if at_six else None
-    outcome = {"sizes": results[0], "to_max_workers_s": to_six_s, "request": request}
+    outcome = {
+        "sizes": results[0],
+        "to_max_workers_s": to_six_s,
+        "request": request,
+        "nodes_at_end": nodes_at_end,
+    }
     print(json.dumps({**outcome, "idle_nodes_gone_s": gone_s}))
 
 

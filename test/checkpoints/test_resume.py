@@ -84,14 +84,16 @@ def test_an_executor_with_a_storage_resumes_in_its_next_job(ray_4cpu, no_leaks, 
 
 
 def _upload_then_break_the_storage(run_path: str) -> None:
-    """Rank 0 reports a checkpoint, waits until it is committed, replaces the run's folder
-    with a file, and reports another: its upload fails."""
+    """Rank 0 reports a checkpoint, waits until it is committed and its metrics written,
+    replaces the run's folder with a file, and reports another: its upload fails. (Broken
+    between the two writes, the first report's metrics fail instead: seen once in CI.)"""
     import tempfile
 
+    done = [f"{run_path}/checkpoint_000001.json", f"{run_path}/metrics.json"]
     for step in (1, 2):
         with tempfile.TemporaryDirectory() as directory:
             horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(directory))
-        while step == 1 and not os.path.exists(f"{run_path}/checkpoint_000001.json"):
+        while step == 1 and not all(os.path.exists(path) for path in done):
             time.sleep(0.05)
         if step == 1:
             os.rename(run_path, f"{run_path}.moved")

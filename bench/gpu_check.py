@@ -23,20 +23,14 @@ when one fails, 2 when no GPU is there to check.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 import time
 
 import bench.common  # noqa: F401 - Ray's environment before ray
+from bench.bt import _free_port  # the port torch.distributed's group meets on
 from horovod_ray.stack.build import nccl_version
 
 WARMUP = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 def _seconds(allreduce, data, iters: int, synchronize) -> float:

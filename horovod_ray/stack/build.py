@@ -4,7 +4,7 @@
 it looks inside one of horovod's framework extensions (TensorFlow's, else PyTorch's, as in
 a PyTorch-only or the GPU line's build) for the Gloo controller without importing either
 framework. ``python -m horovod_ray.stack.check_install`` is the full check ``make install``
-runs, through horovod's own probes.
+runs, loading each framework's extension once in a fresh interpreter.
 """
 
 from __future__ import annotations

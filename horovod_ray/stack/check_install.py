@@ -1,13 +1,12 @@
 """``python -m horovod_ray.stack.check_install``: the post-install check of ``make install``.
 
-Asks horovod itself (each probe loads an extension in a subprocess) whether it was built
-with TensorFlow and Gloo, and with PyTorch where PyTorch is installed, exiting non-zero
-if not; says whether it has NCCL and CUDA (``--gpu``, which ``make install GPU=1``
-passes, makes PyTorch, NCCL and CUDA required and TensorFlow optional), and whether it
-carries the Gloo
-interface fix and, on Keras 3, the Keras 3 port from ``patches/`` (a stock build still
-runs collectives, with the hostname caveat; ``--require-fix``, which ``make install``
-passes, makes the absence of either an error).
+Asks horovod itself (one probe per framework loads its extension in a subprocess) whether
+it was built with TensorFlow and Gloo, and with PyTorch where PyTorch is installed,
+exiting non-zero if not; says whether it has NCCL and CUDA (``--gpu``, which ``make install
+GPU=1`` passes, makes PyTorch, NCCL and CUDA required and TensorFlow optional), and
+whether it carries the Gloo interface fix and, on Keras 3, the Keras 3 port from
+``patches/`` (a stock build still runs collectives, with the hostname caveat;
+``--require-fix``, which ``make install`` passes, makes the absence of either an error).
 """
 
 import functools

@@ -127,13 +127,17 @@ def grow_after_a_slow_start(folder: str, until: int = 0, steps: int = 300) -> li
     """Enters horovod's elastic loop only once ``folder/go`` exists, as a rank with a slow
     import or data load would, after saying it started (``folder/started.<rank>``); then
     commits a step every 0.2 s, up to ``steps``, until 3 steps ran on ``until`` ranks (by
-    default: on more ranks than the first step). Returns the world's size at each step."""
+    default: on more ranks than the first step). Returns the world's size at each step.
+    While ``folder/hold`` exists, a rank that starts waits before ``hvd.init()``: a joining
+    rank's slow start, which keeps the others in their reset."""
     import time
     from pathlib import Path
 
     import horovod.torch as hvd
     import torch
 
+    while Path(folder, "hold").exists():
+        time.sleep(0.1)
     hvd.init()
     Path(folder, f"started.{hvd.rank()}").touch()
     while not Path(folder, "go").exists():

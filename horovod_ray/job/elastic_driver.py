@@ -11,6 +11,7 @@ driver's end a few plain facts, its message text one flag.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 from horovod.runner.common.util import codec
@@ -19,6 +20,7 @@ from horovod.runner.common.util.hosts import SlotInfo
 from horovod.runner.elastic.constants import RESET_LIMIT_EXCEEDED_MESSAGE
 from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.elastic.rendezvous import GET_RANK_AND_SIZE, PUT_WORKER_ADDRESSES
+from horovod.runner.elastic.worker import HostUpdateResult
 
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.server import RendezvousServer
@@ -47,15 +49,56 @@ def rank_info(slot: SlotInfo, visible_gpus: tuple[str, ...] = ()) -> RankInfo:
     )
 
 
+# How often the driver tells rank 0 again of hosts that allow another world, and how long
+# its stop waits for a telling under way (to a rank on a node gone silent, a connect can
+# hang for minutes: the daemon thread then ends with it).
+RETELL_S = 2.0
+RETELL_JOIN_S = 10.0
+
+
 class Driver(ElasticDriver):
-    """horovod's driver, remembering why it gave up, and able to stop at once.
+    """horovod's driver, remembering why it gave up, able to stop at once, and telling
+    rank 0 of a change of hosts until the world has followed it.
 
     horovod's registry catches what ``resume()`` raises (too few slots for too long, no
     host of the last world left) and stops without a message; this keeps the reason.
+
+    horovod tells rank 0 once per change of hosts, and rank 0 drops what it was told while
+    it resets (``State.on_reset``: the new world was planned from the hosts known then).
+    A change that comes after the plan but before rank 0's reset ends (the new ranks still
+    starting) was lost, and the job kept its world. So every ``RETELL_S`` the driver tells
+    it again while the hosts would give another world than the current one (horovod's own
+    test); what rank 0 hears during a reset it drops, as before, so no extra reset comes of it.
     """
 
     timed_out_waiting = False
     gave_up: str | None = None
+    # Every kind of change told so far (a retold change is at least these: a rank skips
+    # its state's sync only when hosts were removed and none added).
+    _told = HostUpdateResult.no_update
+
+    _retell_thread: threading.Thread | None = None
+
+    def start(self, num_proc, create_worker_fn):
+        self._retell_thread = threading.Thread(
+            target=self._retell, name="horovod_ray-retell", daemon=True
+        )
+        self._retell_thread.start()
+        super().start(num_proc, create_worker_fn)
+
+    def stop(self, error_message=None):
+        super().stop(error_message)  # sets the shutdown event that ends _retell's wait
+        if self._retell_thread is not None:
+            self._retell_thread.join(RETELL_JOIN_S)
+
+    def _notify_workers_host_changes(self, current_hosts, update_res):
+        self._told |= update_res
+        super()._notify_workers_host_changes(current_hosts, update_res)
+
+    def _retell(self) -> None:
+        while not self._shutdown.wait(RETELL_S):
+            if self._told != HostUpdateResult.no_update and self.host_assignments:
+                self._notify_workers_host_changes(self._host_manager.current_hosts, self._told)
 
     def wait_for_available_slots(self, min_num_proc, min_hosts=1):
         try:

@@ -61,14 +61,14 @@ def _wait_for(condition, timeout_s: float, what: str, run: _Run | None = None) -
 class _Run:
     """An elastic run() in a thread, its membership events, and its outcome."""
 
-    def __init__(self, executor: RayExecutor, folder: Path, fn=train) -> None:
+    def __init__(self, executor: RayExecutor, folder: Path, fn=train, *args) -> None:
         self.events: list[dict] = []
         self.outcome: dict = {}
 
         def target() -> None:
             try:
                 self.outcome["results"] = executor.run(
-                    fn, args=(str(folder),), callbacks=[self.events.append]
+                    fn, args=(str(folder), *args), callbacks=[self.events.append]
                 )
             except BaseException as err:  # noqa: BLE001 - read by the test
                 self.outcome["error"] = err
@@ -277,6 +277,42 @@ def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
     sizes = run.outcome["results"][0]
     assert sizes[0] == 2 and sizes[-3:] == [4, 4, 4], sizes
     assert [e["size_after"] for e in run.changes()] == [2, 4]
+
+
+def test_a_node_that_comes_while_a_new_world_forms_is_used(cluster, tmp_path):
+    """A node that joins after horovod's driver planned a new world, while that world's
+    new ranks still start, is used by the world after it. horovod tells rank 0 once of
+    each change of hosts, and rank 0 drops what it hears during its reset
+    (``State.on_reset``): the job kept the world of 4 to its end. On Ray's autoscaler,
+    which brings nodes one at a time, that is common (test_autoscaler failed so in CI).
+    The driver tells rank 0 again while the hosts allow another world."""
+    for node in list(cluster.worker_nodes)[1:]:
+        cluster.remove_node(node)
+    _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
+    settings = RayExecutor.create_settings(timeout_s=30)
+    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    executor.start()
+    try:
+        (tmp_path / "go").touch()
+        run = _Run(executor, tmp_path, grow_after_a_slow_start, 6)
+        _wait_for(lambda: len(list(tmp_path.glob("started.*"))) == 2, 120, "2 ranks", run)
+        (tmp_path / "hold").touch()  # the next ranks wait before hvd.init(), rank 0 for them
+        cluster.add_node(num_cpus=2)
+        _wait_for(lambda: len(run.changes()) == 2, 60, "the world of 4 planned", run)
+        cluster.add_node(num_cpus=2)
+        _wait_for(lambda: alive_worker_nodes() == 3, 60, "the third node")
+        time.sleep(3)  # horovod's driver reads the hosts every second and tells rank 0
+        (tmp_path / "hold").unlink()
+        run.thread.join(240)
+        assert not run.thread.is_alive(), "run() did not end within 240 s"
+        assert "error" not in run.outcome, run.outcome.get("error")
+    finally:
+        executor.stop()
+        while len(cluster.worker_nodes) < 3:  # three worker nodes again for what comes next
+            cluster.add_node(num_cpus=2)
+    sizes = run.outcome["results"][0]
+    assert sizes[0] == 2 and sizes[-3:] == [6, 6, 6], sizes
+    assert [e["size_after"] for e in run.changes()] == [2, 4, 6]
 
 
 @pytest.mark.line_2023

@@ -30,9 +30,7 @@ def main(folder: str) -> None:
 
     results = horovod_ray.run(
         grow_after_a_slow_start,
-        # Up to 900 steps (3 minutes): on a loaded machine the autoscaler's third node has
-        # taken more than the 300 steps this once gave it (CI, 2026-12-04).
-        args=(folder, 6, 900),
+        args=(folder, 6),
         min_workers=2,
         max_workers=6,
         cpus_per_slot=1,

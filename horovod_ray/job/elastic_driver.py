@@ -73,10 +73,6 @@ class Driver(ElasticDriver):
 
     timed_out_waiting = False
     gave_up: str | None = None
-    # Every kind of change told so far (a retold change is at least these: a rank skips
-    # its state's sync only when hosts were removed and none added).
-    _told = HostUpdateResult.no_update
-
     _retell_thread: threading.Thread | None = None
 
     def start(self, num_proc, create_worker_fn):
@@ -91,14 +87,14 @@ class Driver(ElasticDriver):
         if self._retell_thread is not None:
             self._retell_thread.join(RETELL_JOIN_S)
 
-    def _notify_workers_host_changes(self, current_hosts, update_res):
-        self._told |= update_res
-        super()._notify_workers_host_changes(current_hosts, update_res)
-
     def _retell(self) -> None:
+        # Told as a change of both kinds: the ranks then sync their state after the reset
+        # (always safe; they skip it only when hosts were removed and none added).
         while not self._shutdown.wait(RETELL_S):
-            if self._told != HostUpdateResult.no_update and self.host_assignments:
-                self._notify_workers_host_changes(self._host_manager.current_hosts, self._told)
+            if self.host_assignments:
+                self._notify_workers_host_changes(
+                    self._host_manager.current_hosts, HostUpdateResult.mixed
+                )
 
     def wait_for_available_slots(self, min_num_proc, min_hosts=1):
         try:

@@ -289,8 +289,8 @@ def test_a_node_that_comes_while_a_new_world_forms_is_used(cluster, tmp_path):
     for node in list(cluster.worker_nodes)[1:]:
         cluster.remove_node(node)
     _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
-    settings = RayExecutor.create_settings(timeout_s=30)
-    executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=60)
+    # Gloo's default timeout (120 s): ranks 0 and 1 wait in their reset while nodes come.
+    executor = RayExecutor(min_workers=2, max_workers=6, elastic_timeout=60)
     executor.start()
     try:
         (tmp_path / "go").touch()
@@ -301,7 +301,7 @@ def test_a_node_that_comes_while_a_new_world_forms_is_used(cluster, tmp_path):
         _wait_for(lambda: len(run.changes()) == 2, 60, "the world of 4 planned", run)
         cluster.add_node(num_cpus=2)
         _wait_for(lambda: alive_worker_nodes() == 3, 60, "the third node")
-        time.sleep(3)  # horovod's driver reads the hosts every second and tells rank 0
+        time.sleep(5)  # horovod's driver reads the hosts every second and tells rank 0
         (tmp_path / "hold").unlink()
         run.thread.join(240)
         assert not run.thread.is_alive(), "run() did not end within 240 s"

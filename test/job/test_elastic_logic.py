@@ -321,3 +321,65 @@ def test_a_static_job_takes_horovod_rays_elastic_timeout_and_says_it_is_ignored(
         "elastic_timeout=600 is ignored: this is a static job (it is for elastic jobs, "
         "with min_workers)"
     ]
+
+
+def test_the_driver_tells_rank_0_again_until_a_world_follows_the_hosts(monkeypatch):
+    """horovod tells rank 0 once per change of hosts, and rank 0 drops what it hears while
+    it resets; the driver tells it again while the hosts would give another world than the
+    current one, and stops once a world is planned on them (horovod's driver, with fake
+    ranks and a fake notification client: rank 0's side is test_elastic's)."""
+    import threading
+    import time
+
+    from horovod.runner.elastic import driver as horovod_driver
+    from horovod.runner.elastic.worker import HostUpdateResult
+
+    from horovod_ray.job import elastic_driver
+
+    told: list[HostUpdateResult] = []
+
+    class Client:  # rank 0's notification service, as horovod's driver reaches it
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def notify_hosts_updated(self, timestamp: int, update: HostUpdateResult) -> None:
+            told.append(update)
+
+    class Rendezvous:
+        def init(self, plan: list) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    def rank(slot: SlotInfo, events: list[threading.Event]) -> tuple[int, float]:
+        events[0].wait()  # the driver's shutdown
+        return 0, time.time()
+
+    def wait_for(condition) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    monkeypatch.setattr(elastic_driver, "RETELL_S", 0.05)
+    monkeypatch.setattr(horovod_driver, "WorkerNotificationClient", Client)
+    hosts = FixedHosts({"a": 2})
+    driver = elastic_driver.Driver(Rendezvous(), hosts, min_num_proc=2, max_num_proc=4)
+    try:
+        driver.start(2, rank)
+        driver.register_worker_server("a", 0, {}, b"key")  # rank 0 listens
+        time.sleep(0.3)
+        assert told == []  # the world is what the hosts give
+        hosts.set({"a": 2, "b": 2})
+        wait_for(lambda: len(told) >= 4)  # horovod's one telling, and the driver's again
+        assert told[0] == HostUpdateResult.added
+        assert set(told[1:]) == {HostUpdateResult.mixed}, told
+        driver.resume()  # rank 0 reset: the world is planned on both hosts
+        assert driver.world_size() == 4
+        settled = len(told)
+        time.sleep(0.3)
+        assert len(told) <= settled + 1, told  # one may have been under way
+    finally:
+        driver.stop()
+    assert not driver._retell_thread.is_alive()

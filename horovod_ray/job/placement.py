@@ -188,16 +188,31 @@ def reserve(
     if not not_ready:
         return group
     ray.util.remove_placement_group(group)
-    total = ray.cluster_resources()
-    raise PlacementTimeoutError(
-        f"Ray could not reserve {len(plan.bundles)} bundle(s) of {plan.bundles[0]} "
-        f"({plan.strategy}) within placement_group_timeout_s={timeout_s:g}s. "
-        f"Available now: {_summary(ray.available_resources(), total)}; cluster total: "
-        f"{_summary(total, total)}. Lower num_workers / cpus_per_worker, add "
-        f"nodes, or raise placement_group_timeout_s."
+    message = timeout_message(plan, timeout_s, ray.available_resources(), ray.cluster_resources())
+    raise PlacementTimeoutError(message)
+
+
+def timeout_message(
+    plan: PlacementPlan,
+    timeout_s: float,
+    available: Mapping[str, float],
+    total: Mapping[str, float],
+) -> str:
+    """Why a plan was not reserved in time: what it asked, what the cluster has. Pure."""
+    bundle = plan.bundles[0]
+    shown = [name for name in ("CPU", "GPU") if name in total or bundle.get(name)]
+    # Ray leaves out a resource that is fully used, or that no node has: shown as 0.
+    now = {name: available.get(name, 0.0) for name in shown}
+    whole = {name: total.get(name, 0.0) for name in shown}
+    absent = sorted(name for name, amount in bundle.items() if amount and not total.get(name))
+    none_has = (
+        f"No node of the cluster has {' or '.join(absent)} (an autoscaler may still add one). "
+        if absent
+        else ""
     )
-
-
-def _summary(resources: dict[str, float], total: dict[str, float]) -> dict[str, float]:
-    # Ray leaves out a resource that is fully used: show it as 0 rather than not at all.
-    return {name: resources.get(name, 0.0) for name in ("CPU", "GPU") if name in total}
+    return (
+        f"Ray could not reserve {len(plan.bundles)} bundle(s) of {bundle} ({plan.strategy}) "
+        f"within placement_group_timeout_s={timeout_s:g}s. Available now: {now}; cluster "
+        f"total: {whole}. {none_has}Lower num_workers / cpus_per_worker, add nodes, or raise "
+        f"placement_group_timeout_s."
+    )

@@ -6,7 +6,13 @@ import pytest
 
 from horovod_ray.errors import ConfigError
 from horovod_ray.job.layouts import WorkerLayout
-from horovod_ray.job.placement import match_hosts, plan_hosts, plan_new_group
+from horovod_ray.job.placement import (
+    PlacementPlan,
+    match_hosts,
+    plan_hosts,
+    plan_new_group,
+    timeout_message,
+)
 
 pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 
@@ -86,3 +92,22 @@ def test_a_bad_host_list_names_hosts(kwargs, text):
     with pytest.raises(ConfigError) as raised:
         WorkerLayout(**kwargs)
     assert raised.value.parameter == "hosts" and text in str(raised.value)
+
+
+def test_a_placement_timeout_says_what_no_node_has():
+    """A GPU job on a cluster without GPUs waits out its timeout (an autoscaler could add
+    one); the error then says that no node has one, not only the counts."""
+    plan = PlacementPlan(bundles=({"CPU": 1.0, "GPU": 1.0},) * 2, strategy="PACK",
+                         worker_bundles=(0, 1))  # fmt: skip
+    text = timeout_message(plan, 100, {"CPU": 3.0}, {"CPU": 4.0, "memory": 1e9})
+    assert (
+        "Available now: {'CPU': 3.0, 'GPU': 0.0}; cluster total: {'CPU': 4.0, 'GPU': 0.0}" in text
+    )
+    assert "No node of the cluster has GPU (an autoscaler may still add one)." in text
+    assert "placement_group_timeout_s=100s" in text
+    cpu_only = PlacementPlan(bundles=({"CPU": 2.0},), strategy="PACK", worker_bundles=(0,))
+    text = timeout_message(cpu_only, 5, {}, {"CPU": 4.0, "GPU": 2.0})
+    assert (
+        "Available now: {'CPU': 0.0, 'GPU': 0.0}; cluster total: {'CPU': 4.0, 'GPU': 2.0}" in text
+    )
+    assert "No node" not in text

@@ -32,7 +32,7 @@ SEED = 1234
 EXAMPLE = str(ROOT / "examples" / "pytorch_digits.py")  # its data and model
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -85,7 +85,7 @@ def torch_distributed_seconds(nbytes: int, iters: int, warmup: int) -> float:
     rank_actor = ray.remote(num_cpus=1)(_TorchDistRank)
     actors = [rank_actor.remote() for _ in range(WORKERS)]
     try:
-        port = _free_port()
+        port = free_port()
         return ray.get(
             [a.seconds.remote(r, port, nbytes, iters, warmup) for r, a in enumerate(actors)]
         )[0]

@@ -27,7 +27,7 @@ import sys
 import time
 
 import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.bt import _free_port  # the port torch.distributed's group meets on
+from bench.bt import free_port  # the port torch.distributed's group meets on
 from horovod_ray.stack.build import nccl_version
 
 WARMUP = 3
@@ -118,7 +118,7 @@ def rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
     found["horovod MB/s"] = nbytes * iters / seconds / 1e6
     if size > 1:
         address = hvd.broadcast_object(
-            (ray.util.get_node_ip_address(), _free_port()) if rank == 0 else None,
+            (ray.util.get_node_ip_address(), free_port()) if rank == 0 else None,
             root_rank=0,
             name="gpu_check.address",  # by default the name is the object's type's
         )

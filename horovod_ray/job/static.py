@@ -4,8 +4,8 @@ Start is all-or-nothing. The job plans its placement (``placement``), reserves t
 then walks the bring-up path (``bringup``) for all its ranks at once: one actor per
 bundle slot -> each actor's node facts -> ranks (``assignment.assign_ranks``, pure) -> each
 node's Gloo interface (``network``, pure) -> the rendezvous server -> each rank's
-environment -> setup. Everything taken is recorded in a :class:`Held` as it is taken, so
-that a failure at any step releases it all.
+environment -> setup. Everything taken is recorded in a ``held.Held`` as it is taken, so
+that a failure at any step releases it all (``held.release``).
 
 A call goes to every rank (``calls``). When one fails, ``probe.probe`` looks at every
 rank, the job is released, ``attribution.attribute`` decides which ranks caused it, and the
@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError
 from horovod_ray.failures import attribution, probe
 from horovod_ray.job import bringup, draining, placement
+from horovod_ray.job.held import Held, Rendezvous, release
 from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank import calls, logs, network, priority
 from horovod_ray.rank.assignment import RankInfo, WorkerRecord, assign_ranks
@@ -38,11 +39,6 @@ from horovod_ray.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-# Seconds to wait for Ray to confirm that killed workers are gone.
-STOP_CONFIRM_S = 10.0
-
-Rendezvous = RendezvousServer | ClusterRendezvous
-
 
 @dataclasses.dataclass(frozen=True)
 class Member:
@@ -51,16 +47,6 @@ class Member:
     actor: Any
     rank: RankInfo
     node: NodeFacts
-
-
-@dataclasses.dataclass
-class Held:
-    """What a job holds, or what start() has taken so far; given back by :func:`release`."""
-
-    group: PlacementGroup | None = None
-    owns_group: bool = False
-    actors: list[Any] = dataclasses.field(default_factory=list)
-    rendezvous: Rendezvous | None = None
 
 
 def table(members: tuple[Member, ...]) -> str:
@@ -375,27 +361,3 @@ class StaticJob:
                 return
             self._released = True
             release(self.held, grace_s)
-
-
-def release(held: Held, grace_s: float) -> None:
-    """Gives back what a job holds, newest first; each step runs whatever the last did.
-
-    Idle workers get ``grace_s`` to exit on their own, then are killed; returns once Ray
-    has seen them die (so their resources are free), after the rendezvous server is
-    closed and a placement group the job created is removed.
-    """
-    actors, rendezvous = held.actors, held.rendezvous
-    try:
-        if actors:
-            exits = [actor.exit.remote() for actor in actors]
-            if grace_s > 0:
-                ray.wait(exits, num_returns=len(exits), timeout=grace_s)
-            bringup.kill(actors)
-            ray.wait(exits, num_returns=len(exits), timeout=STOP_CONFIRM_S)
-    finally:
-        try:
-            if rendezvous is not None:
-                rendezvous.stop()
-        finally:
-            if held.group is not None and held.owns_group:
-                ray.util.remove_placement_group(held.group)

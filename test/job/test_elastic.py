@@ -31,6 +31,18 @@ def cluster():
     stop_ray()
 
 
+@pytest.fixture
+def one_worker_node(cluster):
+    """The module's cluster with one worker node of its three (room for 2 ranks); three
+    again afterwards, for what comes next."""
+    for node in list(cluster.worker_nodes)[1:]:
+        cluster.remove_node(node)
+    _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
+    yield cluster
+    while len(cluster.worker_nodes) < 3:
+        cluster.add_node(num_cpus=2)
+
+
 def _progress(folder: Path) -> tuple[int, int]:
     try:
         step, size = (folder / "progress").read_text().split()
@@ -75,6 +87,12 @@ class _Run:
 
         self.thread = threading.Thread(target=target, daemon=True)
         self.thread.start()
+
+    def ended(self, timeout_s: float) -> None:
+        """Waits for run() to end, which it must, without an error."""
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"run() did not end within {timeout_s:g} s"
+        assert "error" not in self.outcome, self.outcome.get("error")
 
     def sizes(self) -> list[int]:
         return [e["size_after"] for e in self.events if e.get("event") == "membership"]
@@ -246,49 +264,39 @@ def test_the_standing_request_is_read_back_from_autoscaler_v2s_constraints(clust
     assert demand._standing_request_v2() == []
 
 
-def test_a_node_that_comes_while_the_ranks_start_is_used(cluster, tmp_path):
+def test_a_node_that_comes_while_the_ranks_start_is_used(one_worker_node, tmp_path):
     """A node that joins after horovod's driver placed the first ranks but before rank 0
     entered its elastic loop (a slow import, data loading; an autoscaler's node arriving
     then) is used once the loop runs. horovod 0.28.1 told only a coordinator that had
     registered, so the job never grew (it did not on Ray's autoscaler: docs/elastic.rst);
     patches/horovod-0.28.1-elastic-early-host-update.patch tells it when it registers."""
-    for node in list(cluster.worker_nodes)[1:]:
-        cluster.remove_node(node)
-    _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
     settings = RayExecutor.create_settings(timeout_s=30)
     executor = RayExecutor(settings, min_workers=2, max_workers=4, elastic_timeout=60)
     executor.start()
     try:
         run = _Run(executor, tmp_path, grow_after_a_slow_start)
         _wait_for(lambda: len(list(tmp_path.glob("started.*"))) == 2, 120, "2 ranks", run)
-        cluster.add_node(num_cpus=2)
+        one_worker_node.add_node(num_cpus=2)
         # horovod's driver reads the hosts every second: the new node is seen, and its
         # news skipped (stock horovod) or kept (patched), while rank 0 waits for "go".
         _wait_for(lambda: alive_worker_nodes() == 2, 60, "the new node")
         time.sleep(5)
         (tmp_path / "go").touch()
-        run.thread.join(240)
-        assert not run.thread.is_alive(), "run() did not end within 240 s"
-        assert "error" not in run.outcome, run.outcome.get("error")
+        run.ended(240)
     finally:
         executor.stop()
-        while len(cluster.worker_nodes) < 3:  # three worker nodes again for what comes next
-            cluster.add_node(num_cpus=2)
     sizes = run.outcome["results"][0]
     assert sizes[0] == 2 and sizes[-3:] == [4, 4, 4], sizes
     assert [e["size_after"] for e in run.changes()] == [2, 4]
 
 
-def test_a_node_that_comes_while_a_new_world_forms_is_used(cluster, tmp_path):
+def test_a_node_that_comes_while_a_new_world_forms_is_used(one_worker_node, tmp_path):
     """A node that joins after horovod's driver planned a new world, while that world's
     new ranks still start, is used by the world after it. horovod tells rank 0 once of
     each change of hosts, and rank 0 drops what it hears during its reset
     (``State.on_reset``): the job kept the world of 4 to its end. On Ray's autoscaler,
     which brings nodes one at a time, that is common (test_autoscaler failed so in CI).
     The driver tells rank 0 again while the hosts allow another world."""
-    for node in list(cluster.worker_nodes)[1:]:
-        cluster.remove_node(node)
-    _wait_for(lambda: alive_worker_nodes() == 1, 60, "one worker node")
     # Gloo's default timeout (120 s): ranks 0 and 1 wait in their reset while nodes come.
     executor = RayExecutor(min_workers=2, max_workers=6, elastic_timeout=60)
     executor.start()
@@ -297,19 +305,15 @@ def test_a_node_that_comes_while_a_new_world_forms_is_used(cluster, tmp_path):
         run = _Run(executor, tmp_path, grow_after_a_slow_start, 6)
         _wait_for(lambda: len(list(tmp_path.glob("started.*"))) == 2, 120, "2 ranks", run)
         (tmp_path / "hold").touch()  # the next ranks wait before hvd.init(), rank 0 for them
-        cluster.add_node(num_cpus=2)
+        one_worker_node.add_node(num_cpus=2)
         _wait_for(lambda: len(run.changes()) == 2, 60, "the world of 4 planned", run)
-        cluster.add_node(num_cpus=2)
+        one_worker_node.add_node(num_cpus=2)
         _wait_for(lambda: alive_worker_nodes() == 3, 60, "the third node")
         time.sleep(5)  # horovod's driver reads the hosts every second and tells rank 0
         (tmp_path / "hold").unlink()
-        run.thread.join(240)
-        assert not run.thread.is_alive(), "run() did not end within 240 s"
-        assert "error" not in run.outcome, run.outcome.get("error")
+        run.ended(240)
     finally:
         executor.stop()
-        while len(cluster.worker_nodes) < 3:  # three worker nodes again for what comes next
-            cluster.add_node(num_cpus=2)
     sizes = run.outcome["results"][0]
     assert sizes[0] == 2 and sizes[-3:] == [6, 6, 6], sizes
     assert [e["size_after"] for e in run.changes()] == [2, 4, 6]

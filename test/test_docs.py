@@ -110,8 +110,8 @@ def test_quickstart_executor_snippet(joined):
     assert "RankInfo(world_rank=0" in out
 
 
-def test_tune_snippet():
-    out = _run_python(_block("DistributedTrainableCreator(train"))
+def test_tune_snippet(joined):
+    out = _run_python(_block("DistributedTrainableCreator(train"), joined)
     assert "{'lr': 0.01}" in out
 
 

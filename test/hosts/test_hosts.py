@@ -257,7 +257,7 @@ def test_command_line_across_hosts(cluster: SimHosts, tmp_path) -> None:
     script = tmp_path / "where.py"
     script.write_text(
         "import os, socket\n"
-        "import horovod.tensorflow as hvd\n"
+        "import horovod.torch as hvd\n"
         "hvd.init()\n"
         "print(hvd.rank(), hvd.size(), socket.gethostname(), os.environ['HOROVOD_GLOO_IFACE'],"
         " os.getcwd())\n"

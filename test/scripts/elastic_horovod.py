@@ -1,4 +1,4 @@
-"""A plain horovod elastic TensorFlow script, as horovodrun runs it: no horovod_ray in it.
+"""A plain horovod elastic PyTorch script, as horovodrun runs it: no horovod_ray in it.
 
 python elastic_horovod.py FOLDER
 
@@ -11,24 +11,22 @@ import os
 import sys
 import time
 
-import horovod.tensorflow as hvd
-import tensorflow as tf
+import horovod.torch as hvd
+import torch
 
 
 def main(folder: str) -> None:
     hvd.init()
     print(f"started as rank {hvd.rank()} on {os.environ['HOROVOD_HOSTNAME']}", flush=True)
-    state = hvd.elastic.ObjectState(
-        bcast_object=hvd.broadcast_object, get_rank=hvd.rank, step=0, history=[]
-    )
+    state = hvd.elastic.TorchState(step=0, history=[])
 
     @hvd.elastic.run
     def loop(state):
         while True:
-            total = float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy())
+            total = float(hvd.allreduce(torch.tensor(1.0), op=hvd.Sum))
             state.history = [*state.history, (state.step, hvd.size(), total)]
             finish = os.path.exists(os.path.join(folder, "finish"))
-            finish = bool(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
+            finish = bool(hvd.broadcast(torch.tensor(int(finish)), root_rank=0))
             state.step += 1
             state.commit()
             if hvd.rank() == 0:

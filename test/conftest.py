@@ -69,9 +69,10 @@ def _unit_tests_take_no_ray(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail("a unit test started Ray: drop its pytestmark, or its use of Ray")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_4cpu() -> Iterator[None]:
-    """A local single-node Ray with 4 CPUs."""
+    """A local single-node Ray with 4 CPUs: the one already up when it is that, so a test
+    that needs another kind of Ray starts it and leaves it for whoever asks next."""
     start_local_ray(4)
     yield
 

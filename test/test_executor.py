@@ -25,7 +25,13 @@ from horovod_ray import (
     log,
 )
 from horovod_ray.rank.network import interface_holding, local_interfaces
-from test.conftest import alive_actors, live_placement_groups, run_fresh_python, wait_until
+from test.conftest import (
+    alive_actors,
+    live_placement_groups,
+    run_fresh_python,
+    start_local_ray,
+    wait_until,
+)
 from test.horovod_identity import horovod_identity as identity
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,8 +58,9 @@ def _waits_for(path: str) -> str:
 
 
 @pytest.fixture(scope="class")
-def executor(ray_4cpu):
+def executor():
     """One running 3-rank job shared by the read-only tests of this module."""
+    start_local_ray(4)
     with RayExecutor(SETTINGS, num_workers=3) as executor:
         yield executor
 
@@ -714,23 +721,18 @@ def test_fake_gpus_share_cuda_visible_devices_per_node(kind):
     """Every rank of a node sees the node's GPUs, so that horovod's own idiom
     ``gpus[hvd.local_rank()]`` works on every local rank, in both kinds of job (an
     elastic rank once saw only its own GPU)."""
-    from test.conftest import start_local_ray
-
-    start_local_ray(num_cpus=4, num_gpus=2)
-    try:
-        sizes = {"static": {"num_workers": 2}, "elastic": {"min_workers": 2, "max_workers": 2}}
-        with RayExecutor(SETTINGS, use_gpu=True, **sizes[kind]) as executor:
-            seen = executor.run(_gpus_seen)
-        own = sorted((g for _, ids, _ in seen for g in ids), key=int)
-        assert len(own) == 2
-        # Each rank sees both GPUs (a static job's ranks, one sorted list).
-        assert all(sorted(visible.split(","), key=int) == own for visible, _, _ in seen)
-        if kind == "static":
-            assert [visible for visible, _, _ in seen] == [",".join(own)] * 2
-        # Local rank i takes GPU i of what it sees: two ranks, two different GPUs.
-        assert sorted(visible.split(",")[local] for visible, _, local in seen) == own
-    finally:
-        start_local_ray(4)
+    start_local_ray(num_cpus=4, num_gpus=2)  # both kinds share it
+    sizes = {"static": {"num_workers": 2}, "elastic": {"min_workers": 2, "max_workers": 2}}
+    with RayExecutor(SETTINGS, use_gpu=True, **sizes[kind]) as executor:
+        seen = executor.run(_gpus_seen)
+    own = sorted((g for _, ids, _ in seen for g in ids), key=int)
+    assert len(own) == 2
+    # Each rank sees both GPUs (a static job's ranks, one sorted list).
+    assert all(sorted(visible.split(","), key=int) == own for visible, _, _ in seen)
+    if kind == "static":
+        assert [visible for visible, _, _ in seen] == [",".join(own)] * 2
+    # Local rank i takes GPU i of what it sees: two ranks, two different GPUs.
+    assert sorted(visible.split(",")[local] for visible, _, local in seen) == own
 
 
 def test_nested_inside_an_actor_that_holds_a_placement_group(ray_4cpu, no_leaks):

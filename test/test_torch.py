@@ -15,13 +15,14 @@ import pytest
 import horovod_ray
 from horovod_ray import RayExecutor
 from test import torch_training
-from test.conftest import run_fresh_python, same_on_every_rank
+from test.conftest import run_fresh_python, same_on_every_rank, start_local_ray
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.gpu_line]
 
 
 @pytest.fixture(scope="module")
-def executor(ray_4cpu):
+def executor():
+    start_local_ray(4)
     with RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2) as executor:
         yield executor
 

@@ -10,7 +10,7 @@ import pytest
 import horovod_ray
 from horovod_ray import ConfigError, ExecutorStateError, RayExecutor
 from horovod_ray.tune import DistributedTrainableCreator
-from test.conftest import all_actors, all_placement_groups
+from test.conftest import all_actors, all_placement_groups, start_local_ray
 
 _LOCK = threading.Lock()
 
@@ -122,7 +122,8 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def baseline(ray_4cpu):
+def baseline():
+    start_local_ray(4)
     return len(all_actors()), len(all_placement_groups())
 
 

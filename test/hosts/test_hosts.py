@@ -209,6 +209,34 @@ def test_readme_ray_job_submit_runs_the_digits_example(cluster: SimHosts) -> Non
     assert len(re.findall(r"^rank \d: trained on", output, re.MULTILINE)) == 2
 
 
+def test_command_line_across_hosts(cluster: SimHosts, tmp_path) -> None:
+    """horovod-ray run from the head over three hosts; with --working-dir every rank
+    starts in Ray's copy of that directory."""
+    script = tmp_path / "where.py"
+    script.write_text(
+        "import os, socket\n"
+        "import horovod.torch as hvd\n"
+        "hvd.init()\n"
+        "print(hvd.rank(), hvd.size(), socket.gethostname(), os.environ['HOROVOD_GLOO_IFACE'],"
+        " os.getcwd())\n"
+    )
+    command = [
+        "-m", "horovod_ray", "run", "--address", cluster.gcs_address, "--num-hosts", "3",
+        "--working-dir", str(tmp_path), sys.executable, "where.py",
+    ]  # fmt: skip
+    result = cluster.python(cluster.head, command, timeout_s=300)
+    rows = re.findall(r"^\[(\d)\]<stdout>:(\d) 3 (\S+) (\S+) (\S+)$", result.stdout, re.M)
+    assert sorted(int(prefix) for prefix, *_ in rows) == [0, 1, 2], result.stdout
+    assert all(prefix == rank for prefix, rank, *_ in rows)
+    by_host = {host: (iface, cwd) for _, _, host, iface, cwd in rows}
+    assert sorted(by_host) == ["h1.sim", "h2.sim", "h3.sim"]
+    assert by_host["h2.sim"][0] == "ens5" and by_host["h1.sim"][0] == "eth0"
+    assert all(cwd != str(tmp_path) and "working_dir" in cwd for _, cwd in by_host.values())
+
+
+# The tests that crash a host come last: each later test would start it again first.
+
+
 def test_host_lost_mid_job_names_its_rank(cluster: SimHosts) -> None:
     result = cluster.scenario(cluster.head, "node_lost", victim="h3")
     assert len(result["victim_ranks"]) == 1
@@ -249,31 +277,6 @@ def test_elastic_job_loses_a_host_and_goes_on(cluster: SimHosts) -> None:
     assert all(total == size for _, size, total in result["history"])
     assert result["sizes"][0] == 6 and result["sizes"][-1] == 4
     assert result["ranks"] == [0, 1, 2, 3]
-
-
-def test_command_line_across_hosts(cluster: SimHosts, tmp_path) -> None:
-    """horovod-ray run from the head over three hosts; with --working-dir every rank
-    starts in Ray's copy of that directory."""
-    script = tmp_path / "where.py"
-    script.write_text(
-        "import os, socket\n"
-        "import horovod.torch as hvd\n"
-        "hvd.init()\n"
-        "print(hvd.rank(), hvd.size(), socket.gethostname(), os.environ['HOROVOD_GLOO_IFACE'],"
-        " os.getcwd())\n"
-    )
-    command = [
-        "-m", "horovod_ray", "run", "--address", cluster.gcs_address, "--num-hosts", "3",
-        "--working-dir", str(tmp_path), sys.executable, "where.py",
-    ]  # fmt: skip
-    result = cluster.python(cluster.head, command, timeout_s=300)
-    rows = re.findall(r"^\[(\d)\]<stdout>:(\d) 3 (\S+) (\S+) (\S+)$", result.stdout, re.M)
-    assert sorted(int(prefix) for prefix, *_ in rows) == [0, 1, 2], result.stdout
-    assert all(prefix == rank for prefix, rank, *_ in rows)
-    by_host = {host: (iface, cwd) for _, _, host, iface, cwd in rows}
-    assert sorted(by_host) == ["h1.sim", "h2.sim", "h3.sim"]
-    assert by_host["h2.sim"][0] == "ens5" and by_host["h1.sim"][0] == "eth0"
-    assert all(cwd != str(tmp_path) and "working_dir" in cwd for _, cwd in by_host.values())
 
 
 def test_harness_leaves_nothing_behind() -> None:

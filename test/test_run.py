@@ -52,7 +52,7 @@ def test_a_failure_still_stops_everything(ray_4cpu, no_leaks):
     assert list(info.value.failures) == [1]
 
 
-def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflow():
+def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflow(ray_4cpu):
     # Unpickling the error itself would import TensorFlow in the driver: seconds before the
     # failed job could be stopped, or restarted.
     code = (
@@ -72,7 +72,7 @@ def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflo
         "    original = cause.original()\n"
         "    print('ORIGINAL', type(original).__name__, original.message)\n"
     )
-    out = run_fresh_python(code, timeout_s=180)
+    out = run_fresh_python(code, timeout_s=180, join_ray=True)
     assert "TENSORFLOW False" in out
     assert "FAILED [1]" in out
     text = re.search(r"TEXT (.*)", out).group(1)  # the rank's traceback, without Ray's

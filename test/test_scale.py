@@ -14,6 +14,7 @@ import ray
 from bench import scale
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.server import BATCH_ENV, GLOBAL_SCOPE, RendezvousServer, worker_env
+from test.conftest import start_local_ray
 
 pytestmark = pytest.mark.timeout(300)
 SIZE = 4
@@ -104,7 +105,14 @@ def harness_binary():
     return scale.build_harness()
 
 
-def test_real_ranks_rendezvous_in_a_few_requests_each(ray_4cpu, harness_binary):
+@pytest.fixture(scope="module")
+def batched_requests() -> list[tuple[str, str, str, int]]:
+    """What real ranks send with the patch's batched rendezvous: one job for both tests."""
+    start_local_ray(4)
+    return _real_ranks(batched=True)
+
+
+def test_real_ranks_rendezvous_in_a_few_requests_each(batched_requests):
     """Without the patch every rank PUTs its host name and address list and GETs every
     peer's key, polling until it exists: O(N^2) requests per scope. With it, per rank
     and scope: one batched set, one batched get held until its keys are there, and
@@ -112,9 +120,8 @@ def test_real_ranks_rendezvous_in_a_few_requests_each(ray_4cpu, harness_binary):
     from horovod_ray.stack.build import batched_rendezvous
 
     assert batched_rendezvous()  # what `make install` reports
-    requests = _real_ranks(batched=True)
     by_scope: dict[str, Counter] = {}
-    for method, scope, key, status in requests:
+    for method, scope, key, status in batched_requests:
         by_scope.setdefault(scope, Counter())[(method, "N" if key.isdigit() else key, status)] += 1
     # hvd.init() meets in the global, local and cross scopes, then again in each for
     # the global process set.
@@ -132,10 +139,10 @@ def test_real_ranks_rendezvous_in_a_few_requests_each(ray_4cpu, harness_binary):
         }, scope
 
 
-def test_the_harness_sends_what_real_ranks_send(ray_4cpu, harness_binary):
+def test_the_harness_sends_what_real_ranks_send(ray_4cpu, batched_requests, harness_binary):
     """The scale harness runs horovod's client code from the build tree; here its
     requests in the global scope are checked against real ranks', both ways."""
-    batched = _global(_real_ranks(batched=True))
+    batched = _global(batched_requests)
     assert batched == _global(_harness(batched=True))
     # Gloo's per-key sequence polls (GETs of keys not there yet) as often as timing
     # makes it: the same requests, a timing-dependent number of times.

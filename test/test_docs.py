@@ -149,7 +149,7 @@ def test_tune_example_command_prints_the_best_config(joined):
     command[0] = sys.executable
     # The full run is the docs'; fewer trials and epochs keep CI short.
     command[command.index("--num-samples") + 1] = "2"
-    command += ["--epochs", "3"]
+    command += ["--epochs", "2"]
     result = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
     )
@@ -229,14 +229,18 @@ def test_the_link_check_finds_a_missing_page_and_a_missing_anchor(tmp_path):
     assert check_links.broken_links(tmp_path) == []
 
 
-def test_command_line_example_runs_unmodified_script():
+def test_command_line_example_runs_unmodified_script(joined):
+    # Joins the module's Ray (the CLI reads RAY_ADDRESS); the CLI starting and stopping a
+    # local Ray of its own is test_cli's test_same_lines_as_horovodrun.
     line = next(text for text in DOCS.splitlines() if ".venv/bin/horovod-ray run -np 2" in text)
     command = shlex.split(line.strip())
     assert command[:2] == [".venv/bin/horovod-ray", "run"]
     venv_bin = Path(sys.executable).parent
     command[0] = str(venv_bin / "horovod-ray")
     command[command.index(".venv/bin/python")] = sys.executable
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     epochs = re.findall(r"^\[0\]<stdout>:epoch +(\d+) +loss ([\d.]+)", result.stdout, re.M)
     assert [int(epoch) for epoch, _ in epochs] == [1, 2, 3]

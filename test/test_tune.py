@@ -67,7 +67,8 @@ def test_rank_zero_metrics_and_two_trials_at_a_time_on_four_cpus(ray_4cpu, tmp_p
     tuner = tune.Tuner(
         trainable,
         param_space={"sleep_s": 1.0},
-        tune_config=tune.TuneConfig(num_samples=4),
+        # Reused actors, as the docs advise: the second pair of trials on warm ranks.
+        tune_config=tune.TuneConfig(num_samples=4, reuse_actors=True),
         run_config=tune.RunConfig(name="ranks", storage_path=str(tmp_path), verbose=0),
     )
     results = tuner.fit()

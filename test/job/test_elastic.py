@@ -384,14 +384,15 @@ def test_below_min_workers_fails_with_the_limit_named(cluster, cpus_per_worker, 
 
 
 def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
-    """Growing is a reset too (as in horovod): a node added to a job with reset_limit=0."""
+    """Growing is a reset too (as in horovod): a node added to a job with reset_limit=0.
+    One rank per node (a slot is a whole 2-CPU node): 3 ranks, then room for a fourth."""
     settings = RayExecutor.create_settings(timeout_s=30)
-    executor = RayExecutor(settings, min_workers=2, max_workers=8, reset_limit=0)
+    executor = RayExecutor(settings, min_workers=2, max_workers=4, cpus_per_worker=2, reset_limit=0)
     executor.start()
     added = None
     try:
         run = _Run(executor, tmp_path)
-        _wait_for(_at(tmp_path, 2, 6), 240, "6 ranks training", run)
+        _wait_for(_at(tmp_path, 2, 3), 240, "3 ranks training", run)
         added = cluster.add_node(num_cpus=2)
         run.thread.join(120)
     finally:
@@ -529,10 +530,10 @@ def test_a_slot_that_is_let_go_ends_its_wait_while_its_rank_logs(cluster):
 def test_stop_ends_a_running_or_waiting_run(cluster, tmp_path):
     """stop() from another thread ends run() (training, or waiting for room) at once."""
     baseline = threading.active_count()
-    training = RayExecutor(min_workers=2, max_workers=4)
+    training = RayExecutor(min_workers=2, max_workers=2, cpus_per_worker=2)  # on 2 nodes
     training.start()
     run = _Run(training, tmp_path)
-    _wait_for(_at(tmp_path, 2, 4), 240, "4 ranks training", run)
+    _wait_for(_at(tmp_path, 2, 2), 240, "2 ranks training", run)
     training.stop()
     run.thread.join(60)
     assert isinstance(run.outcome.get("error"), ExecutorStateError), run.outcome

@@ -63,10 +63,11 @@ class Leaks:
             executor.stop()  # safe again
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray():
     start_local_ray(4)
-    # Warm Ray's own lazily created driver threads and sockets before measuring.
+    # Warm Ray's own lazily created driver threads and sockets before measuring (once:
+    # they stay for the instance).
     with RayExecutor(SETTINGS, num_workers=1) as executor:
         executor.run(len, args=[()])
     yield
@@ -224,51 +225,51 @@ def abort_rank_zero_on_a_lost_peer():
             log({"step": step})
 
 
-def test_a_rank_that_dies_after_a_node_is_lost_is_not_named_the_cause():
-    cluster = start_cluster([0, 2, 2])
-    try:
-        executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
-        executor.start()
-        doomed = executor.ranks[2].node_id
-        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
-
-        def remove_node(metrics):
-            cluster.remove_node(node, allow_graceful=False)
-
-        with pytest.raises(WorkerFailedError) as info:
-            executor.run(abort_rank_zero_on_a_lost_peer, callbacks=[remove_node])
-        # Rank 0 usually dies before the failure is attributed (2 of 2 runs failed here
-        # before the rule); the other ranks may raise, die or still wait by then. Either
-        # way the lost node's ranks are the cause, and only they.
-        assert sorted(info.value.failures) == [2, 3], str(info.value)
-    finally:
-        stop_ray()
+@pytest.fixture(scope="module")
+def three_nodes():
+    """A CPU-less head and three 2-CPU nodes, for the tests below: each places 2 ranks on
+    each of 2 nodes and loses one of them, so the first leaves the second two."""
+    cluster = start_cluster([0, 2, 2, 2])
+    yield cluster
+    stop_ray()
 
 
-def test_a_node_removed_mid_job_names_the_lost_ranks():
-    # A CPU-less head node, then two nodes of two CPUs: one loses both of its ranks.
-    cluster = start_cluster([0, 2, 2])
-    try:
-        executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
-        executor.start()
-        address = executor.rendezvous_address
-        doomed = executor.ranks[2].node_id
-        lost = [info.world_rank for info in executor.ranks if info.node_id == doomed]
-        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
+def test_a_rank_that_dies_after_a_node_is_lost_is_not_named_the_cause(three_nodes):
+    executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
+    executor.start()
+    doomed = executor.ranks[2].node_id
+    node = next(n for n in three_nodes.worker_nodes if n.node_id == doomed)
 
-        def remove_node(metrics):
-            cluster.remove_node(node, allow_graceful=False)
+    def remove_node(metrics):
+        three_nodes.remove_node(node, allow_graceful=False)
 
-        started = time.monotonic()
-        with pytest.raises(WorkerFailedError) as info:
-            executor.run(allreduce_loop, callbacks=[remove_node])
-        assert time.monotonic() - started < 90, str(info.value)
-        assert sorted(info.value.failures) == lost == [2, 3], str(info.value)
-        assert all(doomed[:12] in info.value.failures[r] for r in lost), str(info.value)
-        # Ray marks the lost node's actors dead only once it declares the node dead.
-        assert wait_until(lambda: alive_actors() == [], timeout_s=90), alive_actors()
-        assert wait_until(lambda: live_placement_groups() == [], timeout_s=90)
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(address, timeout=5).close()
-    finally:
-        stop_ray()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(abort_rank_zero_on_a_lost_peer, callbacks=[remove_node])
+    # Rank 0 usually dies before the failure is attributed (2 of 2 runs failed here
+    # before the rule); the other ranks may raise, die or still wait by then. Either
+    # way the lost node's ranks are the cause, and only they.
+    assert sorted(info.value.failures) == [2, 3], str(info.value)
+
+
+def test_a_node_removed_mid_job_names_the_lost_ranks(three_nodes):
+    executor = RayExecutor(SETTINGS, num_hosts=2, num_workers_per_host=2)
+    executor.start()
+    address = executor.rendezvous_address
+    doomed = executor.ranks[2].node_id
+    lost = [info.world_rank for info in executor.ranks if info.node_id == doomed]
+    node = next(n for n in three_nodes.worker_nodes if n.node_id == doomed)
+
+    def remove_node(metrics):
+        three_nodes.remove_node(node, allow_graceful=False)
+
+    started = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        executor.run(allreduce_loop, callbacks=[remove_node])
+    assert time.monotonic() - started < 90, str(info.value)
+    assert sorted(info.value.failures) == lost == [2, 3], str(info.value)
+    assert all(doomed[:12] in info.value.failures[r] for r in lost), str(info.value)
+    # Ray marks the lost node's actors dead only once it declares the node dead.
+    assert wait_until(lambda: alive_actors() == [], timeout_s=90), alive_actors()
+    assert wait_until(lambda: live_placement_groups() == [], timeout_s=90)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address, timeout=5).close()

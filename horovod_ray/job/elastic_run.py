@@ -158,7 +158,11 @@ class ElasticRun:
                 verbose=self._settings.verbose >= 2,
             )
             self._server = server = RendezvousServer(
-                bind, [bind], self._settings.verbose, hooks=elastic_driver.DriverHooks(driver)
+                bind,
+                [bind],
+                self._settings.verbose,
+                hooks=elastic_driver.DriverHooks(driver),
+                gloo_timeout_s=self._settings.timeout_s,
             )
             store.server = server
             server.start([])

@@ -194,9 +194,12 @@ class StaticJob:
                 allowed,
                 settings.verbose,
                 settings.placement_group_timeout_s,
+                gloo_timeout_s=settings.timeout_s,
             )
         else:
-            held.rendezvous = RendezvousServer(bind, allowed, settings.verbose)
+            held.rendezvous = RendezvousServer(
+                bind, allowed, settings.verbose, gloo_timeout_s=settings.timeout_s
+            )
         held.rendezvous.start([m.rank for m in self.members])
         common = bringup.common_env(held.rendezvous, settings, elastic=False)
         return [

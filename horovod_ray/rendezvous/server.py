@@ -52,7 +52,7 @@ from horovod_ray.rendezvous.http_front import (
     HttpFront,
     Trace,
 )
-from horovod_ray.rendezvous.store import BATCH_HOLD_S, GLOBAL_SCOPE, Store
+from horovod_ray.rendezvous.store import BATCH_HOLD_S, GLOBAL_SCOPE, Store, hold_for
 from horovod_ray.rendezvous.wire import pack_batch, pack_fields, unpack_batch, unpack_fields
 
 __all__ = [
@@ -116,6 +116,8 @@ class RendezvousServer:
         hooks: Scopes a driver answers itself (an elastic job's driver), or None.
         trace: Called with (method, scope, key, status, answer bytes) for each request
             answered, on the server's thread; for benchmarks and tests.
+        gloo_timeout_s: The ranks' Gloo timeout (``timeout_s``): a batched read is held
+            no longer, so that a rank whose peer never comes fails when that says.
     """
 
     def __init__(
@@ -125,12 +127,13 @@ class RendezvousServer:
         verbose: int = 0,
         hooks: Hooks | None = None,
         trace: Trace | None = None,
+        gloo_timeout_s: float | None = None,
     ):
         self._bind_address = bind_address
         self._allowed = tuple(allowed_sources)
         self._hooks = hooks
         self._trace = trace
-        self._store = Store(verbose=verbose >= 2)
+        self._store = Store(verbose=verbose >= 2, hold_s=hold_for(gloo_timeout_s))
         self._stop_lock = threading.Lock()
         self._front: HttpFront | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -282,8 +285,16 @@ class RendezvousServer:
 class _RendezvousHost:
     """Runs a job's RendezvousServer inside the cluster (see ClusterRendezvous)."""
 
-    def __init__(self, bind_address: str, allowed_sources: Sequence[str], verbose: int) -> None:
-        self._server = RendezvousServer(bind_address, allowed_sources, verbose)
+    def __init__(
+        self,
+        bind_address: str,
+        allowed_sources: Sequence[str],
+        verbose: int,
+        gloo_timeout_s: float | None,
+    ) -> None:
+        self._server = RendezvousServer(
+            bind_address, allowed_sources, verbose, gloo_timeout_s=gloo_timeout_s
+        )
 
     def start(self, ranks: Sequence[RankInfo]) -> tuple[tuple[str, int], str]:
         address = self._server.start(ranks)
@@ -310,6 +321,7 @@ class ClusterRendezvous:
         allowed_sources: Source addresses allowed to talk to it (the workers' node IPs).
         verbose: >= 2 makes horovod's store log every scope change.
         timeout_s: Longest wait for the actor to start or answer.
+        gloo_timeout_s: The ranks' Gloo timeout (see RendezvousServer).
     """
 
     def __init__(
@@ -319,9 +331,10 @@ class ClusterRendezvous:
         allowed_sources: Iterable[str],
         verbose: int = 0,
         timeout_s: float = 60,
+        gloo_timeout_s: float | None = None,
     ) -> None:
         self._node_id = node_id
-        self._args = (bind_address, tuple(allowed_sources), verbose)
+        self._args = (bind_address, tuple(allowed_sources), verbose, gloo_timeout_s)
         self._timeout_s = timeout_s
         self._actor: Any = None
         self._address: tuple[str, int] | None = None

@@ -19,8 +19,19 @@ logger = logging.getLogger("horovod_ray.rendezvous.server")
 
 # Longest a batched read is held waiting for its keys; the client then asks again
 # (until its Gloo timeout). Each ask costs a scan of its keys: with 2 s, a 4096-rank
-# scope was asked again some 6,000 times.
+# scope was asked again some 6,000 times. Never longer than the ranks' Gloo timeout
+# (hold_for): the client looks at its clock only when an answer comes, so a longer hold
+# made a rank whose peer never came fail up to this much after its timeout.
 BATCH_HOLD_S = 10.0
+
+
+def hold_for(gloo_timeout_s: float | None) -> float:
+    """How long the server holds a batched read for ranks with this Gloo timeout."""
+    if gloo_timeout_s is None:
+        return BATCH_HOLD_S
+    return min(BATCH_HOLD_S, gloo_timeout_s)
+
+
 GLOBAL_SCOPE = "global"
 
 
@@ -37,8 +48,9 @@ class _Waiter:
 class Store:
     """Scopes of keys. Only the event loop's thread touches it, except :meth:`joined`."""
 
-    def __init__(self, verbose: bool = False) -> None:
+    def __init__(self, verbose: bool = False, hold_s: float = BATCH_HOLD_S) -> None:
         # verbose: scope changes at INFO, not DEBUG (``settings.verbose >= 2``).
+        self.hold_s = hold_s
         self._log_level = logging.INFO if verbose else logging.DEBUG
         self.scopes: dict[str, dict[str, bytes]] = {}
         self.scope_size: dict[str, int] = {}
@@ -98,7 +110,7 @@ class Store:
 
     async def get_many(self, scope: str, keys: list[str]) -> list[bytes] | None:
         """The keys' values once all are present; None if some are still missing after
-        BATCH_HOLD_S (the client asks again)."""
+        ``hold_s`` (the client asks again, or gives up at its timeout)."""
         values = self.scopes.get(scope, {})
         # Each key once: a key asked for twice arrives once.
         missing = list(dict.fromkeys(key for key in keys if key not in values))
@@ -108,7 +120,7 @@ class Store:
             for key in missing:
                 waiters.setdefault(key, {})[id(waiter)] = waiter
             try:
-                complete = await asyncio.wait_for(waiter.future, BATCH_HOLD_S)
+                complete = await asyncio.wait_for(waiter.future, self.hold_s)
             except TimeoutError:
                 complete = False
             if not complete:

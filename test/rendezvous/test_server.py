@@ -18,6 +18,7 @@ from horovod_ray.rank.assignment import WorkerRecord, assign_ranks
 from horovod_ray.rank.network import local_interfaces
 from horovod_ray.rendezvous.http_front import HEAD_LIMIT_BYTES, REFUSAL_LOG_S, Refusals
 from horovod_ray.rendezvous.server import (
+    BATCH_HOLD_S,
     MAX_BATCH_BYTES,
     MAX_BODY_BYTES,
     RendezvousServer,
@@ -25,6 +26,7 @@ from horovod_ray.rendezvous.server import (
     pack_fields,
     unpack_fields,
 )
+from horovod_ray.rendezvous.store import hold_for
 
 RANKS = assign_ranks([WorkerRecord("node-a"), WorkerRecord("node-a")])
 
@@ -176,13 +178,23 @@ def test_a_batched_get_is_held_until_its_last_key_arrives(server):
     assert [(s, unpack_fields(body)) for s, body in answers] == [(200, [b"1", b"2"])]
 
 
-def test_a_batched_get_answers_404_after_its_hold_and_leaves_no_waiter(server, monkeypatch):
-    from horovod_ray.rendezvous import store
+def test_a_batched_get_is_held_no_longer_than_the_gloo_timeout_and_leaves_no_waiter():
+    """horovod's client looks at its clock only when an answer comes: a read held for the
+    server's 10 s made a rank whose peer never came fail up to 10 s after a timeout_s of 5
+    (at 12 s in all, where the docs say timeout_s). _request gives up after 5 s."""
+    server = RendezvousServer("127.0.0.1", {"127.0.0.1"}, gloo_timeout_s=0.2)
+    server.start(RANKS)
+    try:
+        asked = pack_batch(["never", "set"])
+        assert _request(server, "POST", "/global/_mget", body=asked) == (404, b"")
+        assert server.held_reads() == 0
+    finally:
+        server.stop()
 
-    monkeypatch.setattr(store, "BATCH_HOLD_S", 0.2)
-    asked = pack_batch(["never", "set"])
-    assert _request(server, "POST", "/global/_mget", body=asked) == (404, b"")
-    assert server.held_reads() == 0
+
+@pytest.mark.parametrize(("timeout_s", "hold_s"), [(5, 5), (120, BATCH_HOLD_S), (None, 10.0)])
+def test_a_read_is_held_the_gloo_timeout_at_most(timeout_s, hold_s):
+    assert hold_for(timeout_s) == hold_s
 
 
 def test_stop_answers_held_batched_gets_at_once():

@@ -16,9 +16,9 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # Ray declares a killed node dead after it misses 5 health checks, one every 3 s by default
-# (about 17 s here); one a second in the Rays these tests start (about 9 s), so that the
+# (about 17 s here); two a second in the Rays these tests start (about 7 s), so that the
 # tests that kill nodes wait less on Ray's detection, which is not what they test.
-os.environ.setdefault("RAY_health_check_period_ms", "1000")
+os.environ.setdefault("RAY_health_check_period_ms", "500")
 
 import ray  # noqa: E402
 from ray.util import state as ray_state  # noqa: E402

@@ -116,8 +116,9 @@ class RendezvousServer:
         hooks: Scopes a driver answers itself (an elastic job's driver), or None.
         trace: Called with (method, scope, key, status, answer bytes) for each request
             answered, on the server's thread; for benchmarks and tests.
-        gloo_timeout_s: The ranks' Gloo timeout (``timeout_s``): a batched read is held
-            no longer, so that a rank whose peer never comes fails when that says.
+        gloo_timeout_s: The ranks' Gloo timeout (``timeout_s``): batched reads are held in
+            equal parts of it (store.hold_for), so that a rank whose peer never comes fails
+            when its timeout ends. None: BATCH_HOLD_S.
     """
 
     def __init__(

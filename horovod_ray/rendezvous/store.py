@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import threading
 from typing import Iterable, Sequence
 
@@ -19,17 +20,20 @@ logger = logging.getLogger("horovod_ray.rendezvous.server")
 
 # Longest a batched read is held waiting for its keys; the client then asks again
 # (until its Gloo timeout). Each ask costs a scan of its keys: with 2 s, a 4096-rank
-# scope was asked again some 6,000 times. Never longer than the ranks' Gloo timeout
-# (hold_for): the client looks at its clock only when an answer comes, so a longer hold
-# made a rank whose peer never came fail up to this much after its timeout.
+# scope was asked again some 6,000 times. Shorter for ranks whose Gloo timeout is not a
+# multiple of it (hold_for): the client looks at its clock only when an answer comes, so a
+# hold that outlasts its timeout made a rank whose peer never came fail that much late.
 BATCH_HOLD_S = 10.0
 
 
 def hold_for(gloo_timeout_s: float | None) -> float:
-    """How long the server holds a batched read for ranks with this Gloo timeout."""
+    """How long the server holds a batched read for ranks with this Gloo timeout: the
+    ranks' whole seconds (HOROVOD_GLOO_TIMEOUT_SECONDS) in equal holds of at most
+    BATCH_HOLD_S, so that the last one ends when their timeout does (15 s: two of 7.5)."""
     if gloo_timeout_s is None:
         return BATCH_HOLD_S
-    return min(BATCH_HOLD_S, gloo_timeout_s)
+    seconds = max(1, math.ceil(gloo_timeout_s))
+    return seconds / math.ceil(seconds / BATCH_HOLD_S)
 
 
 GLOBAL_SCOPE = "global"

@@ -192,8 +192,12 @@ def test_a_batched_get_is_held_no_longer_than_the_gloo_timeout_and_leaves_no_wai
         server.stop()
 
 
-@pytest.mark.parametrize(("timeout_s", "hold_s"), [(5, 5), (120, BATCH_HOLD_S), (None, 10.0)])
-def test_a_read_is_held_the_gloo_timeout_at_most(timeout_s, hold_s):
+@pytest.mark.parametrize(
+    ("timeout_s", "hold_s"),
+    [(5, 5), (5.5, 6), (11, 5.5), (15, 7.5), (120, BATCH_HOLD_S), (None, BATCH_HOLD_S)],
+)
+def test_held_reads_end_when_the_ranks_gloo_timeout_does(timeout_s, hold_s):
+    """The ranks wait whole seconds (ceil(timeout_s)); their last hold ends with them."""
     assert hold_for(timeout_s) == hold_s
 
 

@@ -10,7 +10,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.job import bringup
-from horovod_ray.rendezvous.server import ClusterRendezvous, RendezvousServer
+from horovod_ray.rendezvous.cluster import ClusterRendezvous
+from horovod_ray.rendezvous.server import RendezvousServer
 
 # Seconds to wait for Ray to confirm that killed workers are gone.
 STOP_CONFIRM_S = 10.0

@@ -34,7 +34,8 @@ from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank import calls, logs, network, priority
 from horovod_ray.rank.assignment import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rank.network import NodeFacts
-from horovod_ray.rendezvous.server import ClusterRendezvous, RendezvousServer
+from horovod_ray.rendezvous.cluster import ClusterRendezvous
+from horovod_ray.rendezvous.server import RendezvousServer
 from horovod_ray.settings import Settings
 
 logger = logging.getLogger(__name__)

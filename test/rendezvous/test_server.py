@@ -321,7 +321,7 @@ def test_cluster_rendezvous_serves_from_an_actor_and_is_gone_after_stop(ray_4cpu
     """What Ray Client jobs use (the driver is out of the workers' reach), on local Ray."""
     import ray
 
-    from horovod_ray.rendezvous.server import ClusterRendezvous
+    from horovod_ray.rendezvous.cluster import ClusterRendezvous
 
     node_id = ray.get_runtime_context().get_node_id()
     server = ClusterRendezvous(node_id, "127.0.0.1", {"127.0.0.1"}, timeout_s=60)
@@ -343,7 +343,7 @@ def test_cluster_rendezvous_serves_from_an_actor_and_is_gone_after_stop(ray_4cpu
 def test_cluster_rendezvous_that_cannot_bind_says_so_and_leaves_no_actor(ray_4cpu, no_leaks):
     import ray
 
-    from horovod_ray.rendezvous.server import ClusterRendezvous
+    from horovod_ray.rendezvous.cluster import ClusterRendezvous
 
     node_id = ray.get_runtime_context().get_node_id()
     # 198.51.100.0/24 is reserved for documentation: no interface here holds it (only

@@ -203,20 +203,37 @@ def stalled(snapshot: Snapshot, report: Mapping[int, tuple[bool, str]]) -> Stall
     It did when every rank that raised, raised horovod's shut-down error, no rank was
     lost, and the stall report names ranks past the shutdown time (a rank waiting in
     another collective raises too) or live ranks were still in the call. The missing
-    ranks are those the report marks past the shutdown time (else every rank it names,
-    else the live ranks still in the call); the others waited.
+    ranks are those the report marks past the shutdown time, with the ranks it names as
+    missing from a collective that one of those waits in (ranks out of step: each misses
+    the other's collective, and horovod marks only the one first past the time); else
+    every rank it names, else the live ranks still in the call. The others waited.
     """
     views = snapshot.ranks
     raised = [r for r, v in enumerate(views) if v.raised]
     running = [r for r, v in enumerate(views) if v.running and not v.raised]
-    past = [r for r, (over, _) in report.items() if over and r < len(views)]
+    report = {r: entry for r, entry in report.items() if r < len(views)}
+    past = [r for r, (over, _) in report.items() if over]
     if any(v.seen in LOST for v in views) or not raised or not (running or past):
         return None
     if not all(SHUT_DOWN_TEXT in views[r].raised for r in raised):
         return None
-    missing = tuple(sorted(past or [r for r in report if r < len(views)] or running))
+    missing = tuple(sorted(_out_of_step(report, past) or report or running))
     waiting = tuple(r for r in range(len(views)) if r not in missing)
     return Stall(missing, waiting, {r: report[r][1] for r in missing if r in report})
+
+
+def _out_of_step(report: Mapping[int, tuple[bool, str]], past: Sequence[int]) -> set[int]:
+    """The ranks past the shutdown time, and the ranks named as missing from a
+    collective that one of them waits in (a collective of the report it is not named in)."""
+    missed = {r: set(_collectives(text)) for r, (_, text) in report.items()}
+    every = set().union(*missed.values())
+    waited_in = set().union(*(every - missed[r] for r in past))
+    return set(past) | {r for r, names in missed.items() if names & waited_in}
+
+
+def _collectives(text: str) -> list[str]:
+    """The names in one line of the report ("a, b, c ..." when horovod shortened it)."""
+    return [name for name in text.removesuffix(" ...").split(", ") if name]
 
 
 def hang_error(

@@ -205,15 +205,19 @@ Missing ranks:
 2: [HorovodAllreduce_Const_0]
 [2026-12-01 04:30:04.1: E horovod/common/stall_inspector.cc:105] One or more tensors ...
 Missing ranks:
-1: [HorovodBroadcast_x_0]
+1: [HorovodAllgather_y_0]
 2!: [HorovodAllreduce_Const_0, HorovodAllgather_y_0]
 One or more rank (marked by "!") is stalled for longer than 3 seconds. Will shutdown.
 """
 
+# Ranks out of step (rank 0 in an allreduce, rank 1 in a broadcast), looked at when rank
+# 0's collective was past the shutdown time and rank 1's not yet (seen in CI).
+OUT_OF_STEP = "Missing ranks:\n0: [broadcast.noname.1]\n1!: [allreduce.noname.1]\n"
+
 
 def test_the_stall_report_is_read_from_its_last_occurrence():
     assert stall_report(REPORT) == {
-        1: (False, "HorovodBroadcast_x_0"),
+        1: (False, "HorovodAllgather_y_0"),
         2: (True, "HorovodAllreduce_Const_0, HorovodAllgather_y_0"),
     }
     assert stall_report("no report here") == {}
@@ -232,7 +236,8 @@ def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa
 @pytest.mark.parametrize(
     "raised, running, seen, report, missing, waiting",
     [
-        # The report names who was past the shutdown time.
+        # The report names who was past the shutdown time; rank 1, only behind rank 0 in
+        # a collective rank 2 never entered either, waited.
         ([SHUT, SHUT, None], [False, False, True], "aaa", REPORT, (2,), (0, 1)),
         # Rank 1 had not raised yet when looked at: the report still says who was missing.
         ([SHUT, None, None], [False, True, True], "aaa", REPORT, (2,), (0, 1)),
@@ -240,6 +245,10 @@ def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa
         ([SHUT, SHUT, None], [False, False, True], "aaa", "", (2,), (0, 1)),
         # Rank 2 waited in another collective than the others: every rank raised.
         ([SHUT, SHUT, SHUT], [False, False, False], "aaa", REPORT, (2,), (0, 1)),
+        # Out of step: each missed the other's collective, rank 1 first past the time.
+        ([SHUT, SHUT], [False, False], "aa", OUT_OF_STEP, (0, 1), ()),
+        # Ranks 0 and 1 in one collective, rank 2 in another: all of them missing.
+        ([SHUT] * 3, [False] * 3, "aaa", "Missing ranks:\n0: [B]\n1: [B]\n2!: [A]", (0, 1, 2), ()),
     ],
 )
 def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
@@ -247,6 +256,14 @@ def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
 ):
     stall = stalled(_stall_views(raised, running, seen), stall_report(report))
     assert (stall.missing, stall.waiting) == (missing, waiting)
+
+
+def test_a_shortened_line_of_the_report_still_names_its_last_collective():
+    """horovod writes six names and " ..." at most: rank 1 misses f as rank 2 does, so
+    rank 1 does not wait in f and rank 2 is not out of step with it."""
+    report = stall_report("Missing ranks:\n0: [g]\n1!: [a, b, c, d, e, f ...]\n2: [f]\n")
+    stall = stalled(_stall_views([SHUT] * 3, [False] * 3), report)
+    assert (stall.missing, stall.waiting) == ((0, 1), (2,))
 
 
 @pytest.mark.parametrize(

@@ -324,12 +324,16 @@ def test_cluster_rendezvous_serves_from_an_actor_and_is_gone_after_stop(ray_4cpu
     from horovod_ray.rendezvous.cluster import ClusterRendezvous
 
     node_id = ray.get_runtime_context().get_node_id()
-    server = ClusterRendezvous(node_id, "127.0.0.1", {"127.0.0.1"}, timeout_s=60)
+    server = ClusterRendezvous(
+        node_id, "127.0.0.1", {"127.0.0.1"}, timeout_s=60, gloo_timeout_s=0.2
+    )
     assert server.joined_ranks() is None  # not started: nobody can say who joined
     server.start(RANKS)
     try:
         assert _request(server, "PUT", "/global/1", body=b"addr-of-1")[0] == 200
         assert _request(server, "GET", "/global/1") == (200, b"addr-of-1")
+        # The ranks' Gloo timeout reached the actor's server: a read held 1 s, not 10.
+        assert _request(server, "POST", "/global/_mget", body=pack_batch(["never"])) == (404, b"")
         assert _request(server, "GET", "/global/1", secret=False)[0] == 403
         assert _request(server, "GET", "/global/1", source="127.0.0.2")[0] == 403
         assert server.joined_ranks() == {1}  # asked of the actor

@@ -102,15 +102,23 @@ def same_on_every_rank(results: list[dict], key: str):
     return results[0][key]
 
 
-def run_fresh_python(code: str, timeout_s: float = 180, join_ray: bool = False) -> str:
-    """Runs ``code`` in a new interpreter (no Ray of ours in it; with ``join_ray``,
-    RAY_ADDRESS names this process's, for a ``run()`` or ``ray.init()`` there to join
-    instead of starting one); returns its stdout."""
-    env = dict(os.environ)
+def run_fresh_python(
+    code: str, timeout_s: float = 180, join_ray: bool = False, env: dict | None = None
+) -> str:
+    """Runs ``code`` in a new interpreter in the repository's folder (no Ray of ours in
+    it; with ``join_ray``, RAY_ADDRESS names this process's, for a ``run()`` or
+    ``ray.init()`` there to join instead of starting one), with ``env`` added to this
+    process's environment; returns its stdout."""
+    env = {**os.environ, **(env or {})}
     if join_ray:
         env["RAY_ADDRESS"] = _this_cluster()
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout

@@ -34,19 +34,6 @@ pytestmark = pytest.mark.timeout(300)
 PYTHON = doc_blocks("python")
 
 
-def _run_python(code: str, env: dict | None = None) -> str:
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, **(env or {})},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
-
-
 @pytest.fixture
 def joined() -> dict:
     """RAY_ADDRESS of this module's local Ray, for the snippets that start no Ray with
@@ -83,60 +70,65 @@ def test_the_docs_have_the_snippets_this_test_runs():
 
 
 def test_quickstart_run_snippet(joined):
-    out = _run_python(_block("num_slots=2, callbacks=[print]"), joined)
+    out = run_fresh_python(_block("num_slots=2, callbacks=[print]"), 240, env=joined)
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
 
 
 def test_quickstart_torch_snippet(joined):
     # Its assert: 0 + 1 on both ranks.
-    _run_python(_block("torch.tensor(float(hvd.rank()))"), joined)
+    run_fresh_python(_block("torch.tensor(float(hvd.rank()))"), 240, env=joined)
 
 
 def test_pytorch_page_snippet(joined):
-    _run_python(_block("hvd.broadcast_optimizer_state(optimizer"), joined)  # its assert: in step
+    # Its assert: in step.
+    run_fresh_python(_block("hvd.broadcast_optimizer_state(optimizer"), 240, env=joined)
 
 
 def test_restarts_snippet(joined):
-    _run_python(_block("max_restarts=2"), joined)  # its assert: every rank ran in attempt 1
+    # Its assert: every rank ran in attempt 1.
+    run_fresh_python(_block("max_restarts=2"), 240, env=joined)
 
 
 def test_checkpoints_snippet(joined):
-    out = _run_python(_block("CheckpointConfig(num_to_keep=2)"), joined)  # its asserts: resumed
+    # Its asserts: resumed.
+    out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), 240, env=joined)
     assert out.splitlines()[-1] == "4 [3, 4]"
 
 
 def test_quickstart_executor_snippet(joined):
-    out = _run_python(_block("RayExecutor(settings"), joined)
+    out = run_fresh_python(_block("RayExecutor(settings"), 240, env=joined)
     assert "RankInfo(world_rank=0" in out
 
 
 def test_tune_snippet(joined):
-    out = _run_python(_block("DistributedTrainableCreator(train"), joined)
+    out = run_fresh_python(_block("DistributedTrainableCreator(train"), 240, env=joined)
     assert "{'lr': 0.01}" in out
 
 
 def test_existing_cluster_snippet():
     cluster = start_cluster([1, 1])
     try:
-        out = _run_python(_block('ray.init(address="auto")'), env={"RAY_ADDRESS": cluster.address})
+        out = run_fresh_python(
+            _block('ray.init(address="auto")'), 240, env={"RAY_ADDRESS": cluster.address}
+        )
     finally:
         start_local_ray(4)
     assert out.strip().startswith("[")
 
 
 def test_gpu_snippet_gives_each_local_rank_its_own_gpu():
-    out = _run_python(_block("use_gpu=True"))
+    out = run_fresh_python(_block("use_gpu=True"), 240)
     assert ast.literal_eval(out.strip().splitlines()[-1]) == [("0,1", 0), ("0,1", 1)]
 
 
 def test_hang_snippet_names_the_missing_rank_and_its_sleeping_line(joined):
-    out = _run_python(_block("stall_timeout_s=4"), joined)
+    out = run_fresh_python(_block("stall_timeout_s=4"), 240, env=joined)
     assert out.startswith("(1,) (0,)\n"), out[-3000:]
     assert 'File "<dynamic-code>", line 11, in train' in out  # the time.sleep
 
 
 def test_elastic_snippet(joined):
-    out = _run_python(_block("min_workers=2, max_workers=4"), joined)
+    out = run_fresh_python(_block("min_workers=2, max_workers=4"), 240, env=joined)
     # Membership dicts from the callback, then the final world's results (one per rank).
     assert "'event': 'membership'" in out
     results = ast.literal_eval(out.strip().splitlines()[-1])

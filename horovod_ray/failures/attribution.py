@@ -204,9 +204,11 @@ def stalled(snapshot: Snapshot, report: Mapping[int, tuple[bool, str]]) -> Stall
     lost, and the stall report names ranks past the shutdown time (a rank waiting in
     another collective raises too) or live ranks were still in the call. The missing
     ranks are those the report marks past the shutdown time, with the ranks it names as
-    missing from a collective that one of those waits in (ranks out of step: each misses
-    the other's collective, and horovod marks only the one first past the time); else
-    every rank it names, else the live ranks still in the call. The others waited.
+    missing from a collective that one of those entered (ranks out of step: each misses
+    the other's collective, and at the check that shuts down, only the one that misses
+    the older collective may be past the time); else every rank it names, else the live
+    ranks still in the call. The others waited. With blocking collectives a rank that
+    entered one waits in it; one submitted asynchronously may have been left.
     """
     views = snapshot.ranks
     raised = [r for r, v in enumerate(views) if v.raised]
@@ -224,16 +226,28 @@ def stalled(snapshot: Snapshot, report: Mapping[int, tuple[bool, str]]) -> Stall
 
 def _out_of_step(report: Mapping[int, tuple[bool, str]], past: Sequence[int]) -> set[int]:
     """The ranks past the shutdown time, and the ranks named as missing from a
-    collective that one of them waits in (a collective of the report it is not named in)."""
-    missed = {r: set(_collectives(text)) for r, (_, text) in report.items()}
+    collective that one of them entered (one of the report's that it is not named for).
+
+    Each rank's names are sorted and shortened after six ("..."): a shortened line says
+    nothing of the names after its last, so those are not taken as entered.
+    """
+    missed = {r: _collectives(text) for r, (_, text) in report.items()}
     every = set().union(*missed.values())
-    waited_in = set().union(*(every - missed[r] for r in past))
-    return set(past) | {r for r, names in missed.items() if names & waited_in}
+    entered: set[str] = set()
+    for rank in past:
+        names = missed[rank]
+        if report[rank][1].endswith(" ..."):  # only the names up to its last one are known
+            known = {n for n in every if n <= max(names, default="")}
+        else:
+            known = every
+        entered |= known - names
+    return set(past) | {r for r, names in missed.items() if names & entered}
 
 
-def _collectives(text: str) -> list[str]:
-    """The names in one line of the report ("a, b, c ..." when horovod shortened it)."""
-    return [name for name in text.removesuffix(" ...").split(", ") if name]
+def _collectives(text: str) -> set[str]:
+    """The names in one line of the report ("a, b, c, d, e, f ..." when horovod
+    shortened it; a name of the user's own with ", " in it reads as two)."""
+    return {name for name in text.removesuffix(" ...").split(", ") if name}
 
 
 def hang_error(

@@ -243,7 +243,8 @@ def _stall_views(raised: list[str | None], running: list[bool], seen: str = "aaa
         ([SHUT, None, None], [False, True, True], "aaa", REPORT, (2,), (0, 1)),
         # No report (stderr not a file): the live ranks still in the call.
         ([SHUT, SHUT, None], [False, False, True], "aaa", "", (2,), (0, 1)),
-        # Rank 2 waited in another collective than the others: every rank raised.
+        # Rank 2 waited in another collective than the others, entered too recently to be
+        # in the report: every rank raised.
         ([SHUT, SHUT, SHUT], [False, False, False], "aaa", REPORT, (2,), (0, 1)),
         # Out of step: each missed the other's collective, rank 1 first past the time.
         ([SHUT, SHUT], [False, False], "aa", OUT_OF_STEP, (0, 1), ()),
@@ -260,10 +261,24 @@ def test_a_shut_down_with_ranks_still_in_the_call_is_a_stall(
 
 def test_a_shortened_line_of_the_report_still_names_its_last_collective():
     """horovod writes six names and " ..." at most: rank 1 misses f as rank 2 does, so
-    rank 1 does not wait in f and rank 2 is not out of step with it."""
-    report = stall_report("Missing ranks:\n0: [g]\n1!: [a, b, c, d, e, f ...]\n2: [f]\n")
+    rank 1 did not enter f and rank 2 is not out of step with it; it entered b1, which
+    rank 0 misses."""
+    report = stall_report("Missing ranks:\n0: [b1]\n1!: [a, b, c, d, e, f ...]\n2: [f]\n")
     stall = stalled(_stall_views([SHUT] * 3, [False] * 3), report)
     assert (stall.missing, stall.waiting) == ((0, 1), (2,))
+
+
+def test_names_a_shortened_line_left_out_are_not_taken_as_entered():
+    """Rank 2 misses eight gradients, six of them written: whether it entered g7, which
+    sorts after them, the report does not say, so rank 1, behind in g7, waited."""
+    gradients = ", ".join(f"g{i}" for i in range(6))
+    report = stall_report(f"Missing ranks:\n1: [g7]\n2!: [{gradients} ...]\n")
+    stall = stalled(_stall_views([SHUT, SHUT, None], [False, False, True]), report)
+    assert (stall.missing, stall.waiting) == ((2,), (0, 1))
+    # A name before its last written one is one it entered: rank 1 is out of step.
+    report = stall_report("Missing ranks:\n1: [a]\n2!: [b, c, d, e, f, g ...]\n")
+    stall = stalled(_stall_views([SHUT] * 3, [False] * 3), report)
+    assert (stall.missing, stall.waiting) == ((1, 2), (0,))
 
 
 @pytest.mark.parametrize(

@@ -394,15 +394,15 @@ def test_below_min_workers_fails_with_the_limit_named(cluster, cpus_per_worker, 
 def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
     """Growing is a reset too (as in horovod): a node added to a job with reset_limit=0.
     One rank per node (a slot is a whole 2-CPU node): 3 ranks, then room for a fourth."""
-    settings = RayExecutor.create_settings(timeout_s=25)
+    settings = RayExecutor.create_settings(timeout_s=35)
     executor = RayExecutor(settings, min_workers=2, max_workers=4, cpus_per_worker=2, reset_limit=0)
     executor.start()
     added = None
     try:
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 2, 3), 240, "3 ranks training", run)
-        # The job's timeout_s reached the elastic run's server: three holds of 25/3 s.
-        assert executor._job._current._server._store.hold_s == pytest.approx(25 / 3)
+        # The job's timeout_s reached the elastic run's server: four holds of 8.75 s.
+        assert executor._job._current._server._store.hold_s == 8.75
         added = cluster.add_node(num_cpus=2)
         run.thread.join(120)
     finally:

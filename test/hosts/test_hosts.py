@@ -179,6 +179,18 @@ def test_ray_client_from_a_machine_outside_the_cluster(cluster: SimHosts) -> Non
     assert result["after"] == {"alive_actors": [], "live_groups": []}
 
 
+def test_clusters_page_snippet_runs_a_rank_on_each_of_two_hosts(cluster: SimHosts) -> None:
+    """docs/clusters.rst's driver on a node of the cluster; "auto" reads RAY_ADDRESS (set
+    here, as a Ray Job's driver has it: "auto" alone could find another Ray on this
+    machine)."""
+    snippet = next(b for b in doc_blocks("python") if 'ray.init(address="auto")' in b)
+    code = f"import os\nos.environ['RAY_ADDRESS'] = {cluster.gcs_address!r}\n{snippet}"
+    out = cluster.python(cluster.hosts["h1"], ["-c", code]).stdout
+    names = ast.literal_eval(out.strip().splitlines()[-1])
+    assert len(names) == 2 and len(set(names)) == 2
+    assert set(names) <= {"h1.sim", "h2.sim", "h3.sim"}
+
+
 def test_readme_ray_client_snippet(cluster: SimHosts) -> None:
     snippet = next(b for b in doc_blocks("python") if "ray://HEAD" in b)
     snippet = snippet.replace("HEAD", cluster.head.address)

@@ -264,7 +264,7 @@ def test_pbt_exploits_restore_checkpoints_on_every_rank(ray_4cpu, tmp_path):
     results = tune.Tuner(
         trainable,
         param_space={"steps": 4, "unused": tune.choice([1, 2])},
-        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler),
+        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler, reuse_actors=True),
         run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path), verbose=0),
     ).fit()
     assert results.num_errors == 0

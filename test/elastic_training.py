@@ -120,7 +120,13 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
         return state.history
 
     history = loop(state)
-    return {"rank": hvd.rank(), "size": hvd.size(), "history": history, "begun": begun}
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_size": hvd.local_size(),
+        "history": history,
+        "begun": begun,
+    }
 
 
 def grow_after_a_slow_start(folder: str, until: int = 0, steps: int = 300) -> list[int]:

@@ -433,9 +433,9 @@ def test_other_calls_are_refused_on_an_elastic_job(cluster):
 def test_repeated_runs_leak_nothing(cluster, tmp_path):
     """Threads, fds and actors of the driver stay level over repeated elastic runs."""
     (tmp_path / "finish").touch()  # one step per run
-    # Two ranks on two nodes (a slot is a whole 2-CPU node): what a run holds per host and
-    # per rank, with half the rank processes to start.
-    executor = RayExecutor(min_workers=2, max_workers=2, cpus_per_worker=2)
+    # Three ranks, two of them on one node: what a run holds per host, and per rank on a
+    # host with another (horovod fills a host's slots before the next host's).
+    executor = RayExecutor(min_workers=3, max_workers=3)
     executor.start()
 
     def footprint() -> tuple[int, dict[int, str]]:
@@ -447,7 +447,7 @@ def test_repeated_runs_leak_nothing(cluster, tmp_path):
         before = footprint()
         for _ in range(3):
             results = executor.run(train, args=(str(tmp_path),))
-            assert [r["rank"] for r in results] == [0, 1]
+            assert [(r["rank"], r["local_size"]) for r in results] == [(0, 2), (1, 2), (2, 1)]
         after = footprint()
     finally:
         executor.stop()

@@ -1,6 +1,7 @@
 """When ranks fail: who failed, what the caller sees, and starting again.
 
 Open ``attribution`` for the pure decisions (which ranks caused a failure, whether a node
-was lost, a hang, an elastic run's end), ``probe`` for looking at every rank after a
-failed call, and ``restarts`` for ``run(..., max_restarts=N)`` and ``attempt()``.
+was lost, an elastic run's end), ``hangs`` for a static job that hung (a stall, a silent
+network), ``probe`` for looking at every rank after a failed call, and ``restarts`` for
+``run(..., max_restarts=N)`` and ``attempt()``.
 """

@@ -24,9 +24,9 @@ from horovod_ray.failures.attribution import (
     RankView,
     Seen,
     Snapshot,
-    collectives_stopped,
     wholly_lost_nodes,
 )
+from horovod_ray.failures.hangs import collectives_stopped
 
 # After a failure, seconds a rank (or a node) gets to answer before it is taken as lost.
 LIVENESS_TIMEOUT_S = 5.0

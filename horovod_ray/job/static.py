@@ -27,7 +27,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from horovod_ray.errors import HangError, HorovodRayError, PlacementTimeoutError
-from horovod_ray.failures import attribution, probe
+from horovod_ray.failures import attribution, hangs, probe
 from horovod_ray.job import bringup, draining, placement
 from horovod_ray.job.held import Held, Rendezvous, release
 from horovod_ray.job.layouts import WorkerLayout
@@ -351,10 +351,10 @@ class StaticJob:
         in a collective for Gloo's timeout; read now, before anything is released."""
         running = [r for r, view in enumerate(snapshot.ranks) if view.running]
         stacks, stderr = probe.stacks_and_stderr(self.actors, running, probe.LIVENESS_TIMEOUT_S)
-        stall = attribution.stalled(snapshot, attribution.stall_report(stderr[0]))
+        stall = hangs.stalled(snapshot, hangs.stall_report(stderr[0]))
         if stall is not None:
-            return attribution.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
-        return attribution.gloo_timed_out(snapshot, stderr, self._settings.timeout_s)
+            return hangs.hang_error(stall, snapshot, self._settings.stall_timeout_s, stacks)
+        return hangs.gloo_timed_out(snapshot, stderr, self._settings.timeout_s)
 
     # ------------------------------------------------------------------------- stop
 

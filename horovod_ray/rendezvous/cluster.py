@@ -11,7 +11,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray.errors import RendezvousError
 from horovod_ray.rank.assignment import RankInfo
-from horovod_ray.rendezvous.server import RendezvousServer
+from horovod_ray.rendezvous.server import Listening, RendezvousServer
 
 logger = logging.getLogger("horovod_ray.rendezvous.server")
 
@@ -34,8 +34,9 @@ class _RendezvousHost:
         )
 
     def start(self, ranks: Sequence[RankInfo]) -> tuple[tuple[str, int], str]:
+        """(host, port) and the secret: the last part of the workers' address."""
         address = self._server.start(ranks)
-        return address, self._server.worker_address
+        return address, self._server.worker_address.rpartition("/")[2]
 
     def joined_ranks(self) -> set[int]:
         return self._server.joined_ranks()
@@ -44,7 +45,7 @@ class _RendezvousHost:
         self._server.stop()
 
 
-class ClusterRendezvous:
+class ClusterRendezvous(Listening):
     """A RendezvousServer that runs in a small actor on a cluster node.
 
     For a driver outside the cluster (Ray Client), which the workers cannot reach: the
@@ -74,22 +75,6 @@ class ClusterRendezvous:
         self._args = (bind_address, tuple(allowed_sources), verbose, gloo_timeout_s)
         self._timeout_s = timeout_s
         self._actor: Any = None
-        self._address: tuple[str, int] | None = None
-        self._worker_address = ""
-
-    @property
-    def worker_address(self) -> str:
-        """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
-        if self._address is None:
-            raise RendezvousError("the rendezvous server is not running")
-        return self._worker_address
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """(host, port) the workers connect to."""
-        if self._address is None:
-            raise RendezvousError("the rendezvous server is not running")
-        return self._address
 
     def start(self, ranks: Sequence[RankInfo]) -> tuple[str, int]:
         """Starts the actor on its node, and the server in it (see RendezvousServer.start).
@@ -103,7 +88,7 @@ class ClusterRendezvous:
         )
         self._actor = host.remote(*self._args)
         try:
-            self._address, self._worker_address = ray.get(
+            self._address, self._secret = ray.get(
                 self._actor.start.remote(list(ranks)), timeout=self._timeout_s
             )
         except ray.exceptions.RayTaskError as err:

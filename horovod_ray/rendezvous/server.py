@@ -36,7 +36,7 @@ import logging
 import secrets
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from horovod_ray.errors import RendezvousError
 from horovod_ray.rank.assignment import RankInfo
@@ -52,9 +52,6 @@ from horovod_ray.rendezvous.http_front import (
 from horovod_ray.rendezvous.store import BATCH_HOLD_S, GLOBAL_SCOPE, Store, hold_for
 from horovod_ray.rendezvous.wire import pack_batch, pack_fields, unpack_batch, unpack_fields
 
-if TYPE_CHECKING:
-    from horovod_ray.rendezvous.cluster import ClusterRendezvous
-
 __all__ = [
     "BATCH_ENV",
     "BATCH_HOLD_S",
@@ -62,6 +59,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_BODY_BYTES",
     "Hooks",
+    "Listening",
     "RendezvousServer",
     "pack_batch",
     "pack_fields",
@@ -79,7 +77,7 @@ LOOP_ANSWER_S = 60.0
 BATCH_ENV = "HOROVOD_GLOO_RENDEZVOUS_BATCH"
 
 
-def worker_env(server: RendezvousServer | ClusterRendezvous) -> dict[str, str]:
+def worker_env(server: Listening) -> dict[str, str]:
     """The variables that point a rank's horovod at a started rendezvous server."""
     return {
         # host:port/<secret>: see the module docstring for why the secret rides here.
@@ -103,7 +101,29 @@ def scope_sizes(slots: Iterable[tuple[str, int, int, int, int]]) -> dict[str, in
     return sizes
 
 
-class RendezvousServer:
+class Listening:
+    """Where the workers reach a started rendezvous server: its (host, port), and the
+    secret its requests' paths carry. A server sets both when it starts, and ``_address``
+    back to None when it stops."""
+
+    _address: tuple[str, int] | None = None
+    _secret = ""
+
+    @property
+    def worker_address(self) -> str:
+        """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
+        host, port = self.address
+        return f"{host}:{port}/{self._secret}"
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the workers connect to."""
+        if self._address is None:
+            raise RendezvousError("the rendezvous server is not running")
+        return self._address
+
+
+class RendezvousServer(Listening):
     """One job's rendezvous server.
 
     Args:
@@ -137,21 +157,6 @@ class RendezvousServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._listening: asyncio.base_events.Server | None = None
-        self._address: tuple[str, int] | None = None
-        self._secret = ""
-
-    @property
-    def worker_address(self) -> str:
-        """HOROVOD_GLOO_RENDEZVOUS_ADDR for the workers: ``host:port/<secret>``."""
-        host, port = self.address
-        return f"{host}:{port}/{self._secret}"
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """(host, port) the workers connect to."""
-        if self._address is None:
-            raise RendezvousError("the rendezvous server is not running")
-        return self._address
 
     def start(self, ranks: Sequence[RankInfo]) -> tuple[str, int]:
         """Binds, starts serving, and registers the job's scopes.

@@ -102,26 +102,24 @@ def same_on_every_rank(results: list[dict], key: str):
     return results[0][key]
 
 
-def run_fresh_python(
-    code: str, timeout_s: float = 180, join_ray: bool = False, env: dict | None = None
-) -> str:
-    """Runs ``code`` in a new interpreter in the repository's folder (no Ray of ours in
-    it; with ``join_ray``, RAY_ADDRESS names this process's, for a ``run()`` or
-    ``ray.init()`` there to join instead of starting one), with ``env`` added to this
-    process's environment; returns its stdout."""
-    env = {**os.environ, **(env or {})}
+def run_fresh(argv: list[str], timeout_s: float = 180, join_ray: bool = False) -> str:
+    """Runs ``argv`` as a new process in the repository's folder (no Ray of ours in it;
+    with ``join_ray``, RAY_ADDRESS names this process's, for a ``run()``, ``ray.init()``,
+    example or ``horovod-ray run`` there to join instead of starting one); returns its
+    stdout, and fails the test on a non-zero exit with the end of its stderr."""
+    env = dict(os.environ)
     if join_ray:
         env["RAY_ADDRESS"] = _this_cluster()
     result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
+
+
+def run_fresh_python(code: str, timeout_s: float = 180, join_ray: bool = False) -> str:
+    """run_fresh for ``python -c code`` in this environment's interpreter."""
+    return run_fresh([sys.executable, "-c", code], timeout_s, join_ray)
 
 
 # README.rst (the front page) and the documentation's pages, whose snippets all run in tests.

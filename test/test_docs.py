@@ -5,20 +5,18 @@ finds broken links. Building the site itself is ``make docs``, which ``make test
 from __future__ import annotations
 
 import ast
-import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import ray
 
 from test.conftest import (
     DOC_FILES,
     ROOT,
     doc_blocks,
+    run_fresh,
     run_fresh_python,
     start_local_ray,
 )
@@ -33,13 +31,17 @@ pytestmark = pytest.mark.timeout(300)
 PYTHON = doc_blocks("python")
 
 
+# Longest a snippet, and an example's or the command line's command, may run.
+SNIPPET_S, COMMAND_S = 240, 280
+
+
 @pytest.fixture
-def joined() -> dict:
-    """RAY_ADDRESS of this module's local Ray, for the snippets that start no Ray with
-    resources of their own (``run()``, a plain ``ray.init()``): they join it, as in a Ray
-    Job (docs/run.rst), instead of each starting one, most of a short snippet's time."""
+def joined() -> None:
+    """This module's local Ray, for the snippets and commands that start no Ray with
+    resources of their own (``run()``, a plain ``ray.init()``, the examples): they join it
+    through RAY_ADDRESS (``join_ray``), as in a Ray Job (docs/run.rst), instead of each
+    starting one, most of a short snippet's time."""
     start_local_ray(4)
-    return {"RAY_ADDRESS": ray.get_runtime_context().gcs_address}
 
 
 def _block(marker: str) -> str:
@@ -69,54 +71,54 @@ def test_the_docs_have_the_snippets_this_test_runs():
 
 
 def test_quickstart_run_snippet(joined):
-    out = run_fresh_python(_block("num_slots=2, callbacks=[print]"), 240, env=joined)
+    out = run_fresh_python(_block("num_slots=2, callbacks=[print]"), SNIPPET_S, join_ray=True)
     assert "{'rank': 0, 'size': 2}" in out  # the callback printed rank 0's log
 
 
 def test_quickstart_torch_snippet(joined):
     # Its assert: 0 + 1 on both ranks.
-    run_fresh_python(_block("torch.tensor(float(hvd.rank()))"), 240, env=joined)
+    run_fresh_python(_block("torch.tensor(float(hvd.rank()))"), SNIPPET_S, join_ray=True)
 
 
 def test_pytorch_page_snippet(joined):
     # Its assert: in step.
-    run_fresh_python(_block("hvd.broadcast_optimizer_state(optimizer"), 240, env=joined)
+    run_fresh_python(_block("hvd.broadcast_optimizer_state(optimizer"), SNIPPET_S, join_ray=True)
 
 
 def test_restarts_snippet(joined):
     # Its assert: every rank ran in attempt 1.
-    run_fresh_python(_block("max_restarts=2"), 240, env=joined)
+    run_fresh_python(_block("max_restarts=2"), SNIPPET_S, join_ray=True)
 
 
 def test_checkpoints_snippet(joined):
     # Its asserts: resumed.
-    out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), 240, env=joined)
+    out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), SNIPPET_S, join_ray=True)
     assert out.splitlines()[-1] == "4 [3, 4]"
 
 
 def test_quickstart_executor_snippet(joined):
-    out = run_fresh_python(_block("RayExecutor(settings"), 240, env=joined)
+    out = run_fresh_python(_block("RayExecutor(settings"), SNIPPET_S, join_ray=True)
     assert "RankInfo(world_rank=0" in out
 
 
 def test_tune_snippet(joined):
-    out = run_fresh_python(_block("DistributedTrainableCreator(train"), 240, env=joined)
+    out = run_fresh_python(_block("DistributedTrainableCreator(train"), SNIPPET_S, join_ray=True)
     assert "{'lr': 0.01}" in out
 
 
 def test_gpu_snippet_gives_each_local_rank_its_own_gpu():
-    out = run_fresh_python(_block("use_gpu=True"), 240)
+    out = run_fresh_python(_block("use_gpu=True"), SNIPPET_S)
     assert ast.literal_eval(out.strip().splitlines()[-1]) == [("0,1", 0), ("0,1", 1)]
 
 
 def test_hang_snippet_names_the_missing_rank_and_its_sleeping_line(joined):
-    out = run_fresh_python(_block("stall_timeout_s=4"), 240, env=joined)
+    out = run_fresh_python(_block("stall_timeout_s=4"), SNIPPET_S, join_ray=True)
     assert out.startswith("(1,) (0,)\n"), out[-3000:]
     assert 'File "<dynamic-code>", line 11, in train' in out  # the time.sleep
 
 
 def test_elastic_snippet(joined):
-    out = run_fresh_python(_block("min_workers=2, max_workers=4"), 240, env=joined)
+    out = run_fresh_python(_block("min_workers=2, max_workers=4"), SNIPPET_S, join_ray=True)
     # Membership dicts from the callback, then the final world's results (one per rank).
     assert "'event': 'membership'" in out
     results = ast.literal_eval(out.strip().splitlines()[-1])
@@ -130,13 +132,10 @@ def test_tune_example_command_prints_the_best_config(joined):
     # The full run is the docs'; fewer trials and epochs keep CI short.
     command[command.index("--num-samples") + 1] = "2"
     command += ["--epochs", "2"]
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = re.findall(r"^ *\w+_0000\d +([\d.]+) +(\d) +([\d.]+) +([\d.]+)$", result.stdout, re.M)
+    out = run_fresh(command, COMMAND_S, join_ray=True)
+    rows = re.findall(r"^ *\w+_0000\d +([\d.]+) +(\d) +([\d.]+) +([\d.]+)$", out, re.M)
     assert len(rows) == 2
-    best = re.search(r"best config: lr=([\d.]+) +loss ([\d.]+) +accuracy ([\d.]+)", result.stdout)
+    best = re.search(r"best config: lr=([\d.]+) +loss ([\d.]+) +accuracy ([\d.]+)", out)
     assert float(best.group(2)) == pytest.approx(min(float(row[2]) for row in rows), abs=1e-4)
 
 
@@ -146,16 +145,13 @@ def test_example_command_reaches_the_accuracy(example, joined):
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    progress = re.findall(r"^epoch +(\d+)/(\d+) +loss ([\d.]+)", result.stdout, re.MULTILINE)
+    out = run_fresh(command, COMMAND_S, join_ray=True)
+    progress = re.findall(r"^epoch +(\d+)/(\d+) +loss ([\d.]+)", out, re.MULTILINE)
     assert [int(epoch) for epoch, _, _ in progress] == list(range(1, 16))
     assert float(progress[-1][2]) < float(progress[0][2])  # the loss went down
-    accuracy = float(re.search(r"final held-out accuracy: ([\d.]+)", result.stdout).group(1))
+    accuracy = float(re.search(r"final held-out accuracy: ([\d.]+)", out).group(1))
     assert accuracy > 0.9
-    assert len(re.findall(r"^rank \d: trained on", result.stdout, re.MULTILINE)) == 2
+    assert len(re.findall(r"^rank \d: trained on", out, re.MULTILINE)) == 2
 
 
 def test_readme_renders_on_its_own_with_absolute_links_only():
@@ -218,14 +214,11 @@ def test_command_line_example_runs_unmodified_script(joined):
     venv_bin = Path(sys.executable).parent
     command[0] = str(venv_bin / "horovod-ray")
     command[command.index(".venv/bin/python")] = sys.executable
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    epochs = re.findall(r"^\[0\]<stdout>:epoch +(\d+) +loss ([\d.]+)", result.stdout, re.M)
+    out = run_fresh(command, COMMAND_S, join_ray=True)
+    epochs = re.findall(r"^\[0\]<stdout>:epoch +(\d+) +loss ([\d.]+)", out, re.M)
     assert [int(epoch) for epoch, _ in epochs] == [1, 2, 3]
     accuracies = re.findall(
-        r"^\[(\d)\]<stdout>:rank \d of 2: held-out accuracy ([\d.]+)", result.stdout, re.M
+        r"^\[(\d)\]<stdout>:rank \d of 2: held-out accuracy ([\d.]+)", out, re.M
     )
     assert sorted(rank for rank, _ in accuracies) == ["0", "1"]
     assert all(float(accuracy) > 0.8 for _, accuracy in accuracies)
@@ -237,12 +230,9 @@ def test_elastic_example_command_trains(example, joined):
     command = shlex.split(line.strip())
     assert command[0] == ".venv/bin/python"
     command[0] = sys.executable
-    result = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=280, env={**os.environ, **joined}
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"^membership: 0 -> \d ranks", result.stdout, re.M), result.stdout
-    final = re.search(r"final world: (\d) ranks, held-out accuracy ([\d.]+)", result.stdout)
+    out = run_fresh(command, COMMAND_S, join_ray=True)
+    assert re.search(r"^membership: 0 -> \d ranks", out, re.M), out
+    final = re.search(r"final world: (\d) ranks, held-out accuracy ([\d.]+)", out)
     assert int(final.group(1)) >= 2 and float(final.group(2)) > 0.7
 
 

@@ -24,6 +24,7 @@ from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank.assignment import RankInfo, visible_gpus
 from horovod_ray.rank.worker import RemoteWorker
 from horovod_ray.rendezvous.server import worker_env
+from horovod_ray.rendezvous.store import gloo_seconds
 from horovod_ray.settings import STALL_SHUTDOWN_ENV, STALL_WARNING_ENV, Settings
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def common_env(rendezvous: Any, settings: Settings, elastic: bool) -> dict[str, 
         **worker_env(rendezvous),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(math.ceil(settings.timeout_s)),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo_seconds(settings.timeout_s)),
         **stall_env(settings.stall_timeout_s),
     }
     if elastic:

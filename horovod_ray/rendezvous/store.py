@@ -26,13 +26,19 @@ logger = logging.getLogger("horovod_ray.rendezvous.server")
 BATCH_HOLD_S = 10.0
 
 
+def gloo_seconds(timeout_s: float) -> int:
+    """HOROVOD_GLOO_TIMEOUT_SECONDS for a job's ``timeout_s`` (> 0): the ranks wait whole
+    seconds."""
+    return math.ceil(timeout_s)
+
+
 def hold_for(gloo_timeout_s: float | None) -> float:
     """How long the server holds a batched read for ranks with this Gloo timeout: the
-    ranks' whole seconds (HOROVOD_GLOO_TIMEOUT_SECONDS) in equal holds of at most
-    BATCH_HOLD_S, so that the last one ends when their timeout does (15 s: two of 7.5)."""
+    ranks' whole seconds (:func:`gloo_seconds`) in equal holds of at most BATCH_HOLD_S,
+    so that the last one ends when their timeout does (15 s: two of 7.5)."""
     if gloo_timeout_s is None:
         return BATCH_HOLD_S
-    seconds = max(1, math.ceil(gloo_timeout_s))
+    seconds = gloo_seconds(gloo_timeout_s)
     return seconds / math.ceil(seconds / BATCH_HOLD_S)
 
 

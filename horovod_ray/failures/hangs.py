@@ -85,23 +85,26 @@ def _out_of_step(report: Mapping[int, tuple[bool, str]], past: Sequence[int]) ->
     Each rank's names are sorted and shortened after six ("..."): a shortened line says
     nothing of the names after its last, so those are not taken as entered.
     """
-    missed = {r: _collectives(text) for r, (_, text) in report.items()}
+    missed: dict[int, set[str]] = {}
+    last_shown: dict[int, str | None] = {}
+    for rank, (_, text) in report.items():
+        missed[rank], last_shown[rank] = _collectives(text)
     every = set().union(*missed.values())
     entered: set[str] = set()
     for rank in past:
-        names = missed[rank]
-        if report[rank][1].endswith(" ..."):  # only the names up to its last one are known
-            known = {n for n in every if n <= max(names, default="")}
-        else:
-            known = every
-        entered |= known - names
+        last = last_shown[rank]
+        known = every if last is None else {name for name in every if name <= last}
+        entered |= known - missed[rank]
     return set(past) | {r for r, names in missed.items() if names & entered}
 
 
-def _collectives(text: str) -> set[str]:
-    """The names in one line of the report ("a, b, c, d, e, f ..." when horovod
-    shortened it; a name of the user's own with ", " in it reads as two)."""
-    return {name for name in text.removesuffix(" ...").split(", ") if name}
+def _collectives(text: str) -> tuple[set[str], str | None]:
+    """The names in one line of the report and, when horovod shortened it ("a, b, c, d,
+    e, f ..."), the last one shown: those after it are unknown. (A name of the user's
+    own with ", " in it reads as two.)"""
+    shown = text.removesuffix(" ...")
+    names = [name for name in shown.split(", ") if name]
+    return set(names), (names[-1] if names and shown != text else None)
 
 
 def hang_error(

@@ -103,7 +103,8 @@ def test_names_a_shortened_line_left_out_are_not_taken_as_entered():
     report = stall_report(f"Missing ranks:\n1: [g7]\n2!: [{gradients} ...]\n")
     stall = stalled(_stall_views([SHUT, SHUT, None], [False, False, True]), report)
     assert (stall.missing, stall.waiting) == ((2,), (0, 1))
-    # A name before its last written one is one it entered: rank 1 is out of step.
+    # A name before its last written one is one it entered: rank 1 is out of step (this
+    # half guards against a rule that would take nothing of a shortened line as known).
     report = stall_report("Missing ranks:\n1: [a]\n2!: [b, c, d, e, f, g ...]\n")
     stall = stalled(_stall_views([SHUT] * 3, [False] * 3), report)
     assert (stall.missing, stall.waiting) == ((1, 2), (0,))

@@ -49,12 +49,11 @@ from horovod_ray.rendezvous.http_front import (
     HttpFront,
     Trace,
 )
-from horovod_ray.rendezvous.store import BATCH_HOLD_S, GLOBAL_SCOPE, Store, hold_for
+from horovod_ray.rendezvous.store import GLOBAL_SCOPE, Store, hold_for
 from horovod_ray.rendezvous.wire import pack_batch, pack_fields, unpack_batch, unpack_fields
 
 __all__ = [
     "BATCH_ENV",
-    "BATCH_HOLD_S",
     "GLOBAL_SCOPE",
     "MAX_BATCH_BYTES",
     "MAX_BODY_BYTES",

@@ -18,7 +18,6 @@ from horovod_ray.rank.assignment import WorkerRecord, assign_ranks
 from horovod_ray.rank.network import local_interfaces
 from horovod_ray.rendezvous.http_front import HEAD_LIMIT_BYTES, REFUSAL_LOG_S, Refusals
 from horovod_ray.rendezvous.server import (
-    BATCH_HOLD_S,
     MAX_BATCH_BYTES,
     MAX_BODY_BYTES,
     RendezvousServer,
@@ -26,7 +25,7 @@ from horovod_ray.rendezvous.server import (
     pack_fields,
     unpack_fields,
 )
-from horovod_ray.rendezvous.store import hold_for
+from horovod_ray.rendezvous.store import BATCH_HOLD_S, hold_for
 
 RANKS = assign_ranks([WorkerRecord("node-a"), WorkerRecord("node-a")])
 

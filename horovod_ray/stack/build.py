@@ -27,10 +27,15 @@ INSTALL_HINT = (
     "--no-cache-dir ./horovod-0.28.1"
 )
 
-GPU_HINT = (
-    "build the GPU line: `make install GPU=1` in a horovod_ray checkout (PyTorch's CUDA "
-    "build, and horovod with HOROVOD_GPU_OPERATIONS=NCCL; docs/gpus.rst)"
-)
+# What builds each GPU line (docs/gpus.rst): each framework's CUDA build, with horovod's
+# HOROVOD_GPU_OPERATIONS=NCCL, in an environment of its own.
+GPU_HINTS = {
+    "torch": "build the GPU line: `make install GPU=1` in a horovod_ray checkout (PyTorch's "
+    "CUDA build, and horovod with HOROVOD_GPU_OPERATIONS=NCCL; docs/gpus.rst)",
+    "tensorflow": "build the TensorFlow GPU line: `make install GPU=tf` in a horovod_ray "
+    "checkout (TensorFlow's CUDA build, and horovod with HOROVOD_GPU_OPERATIONS=NCCL; "
+    "docs/gpus.rst)",
+}
 
 TORCH_HINT = (
     "rebuild horovod with HOROVOD_WITH_PYTORCH=1 against the installed PyTorch "

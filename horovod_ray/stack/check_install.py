@@ -2,13 +2,15 @@
 
 Asks horovod itself (one probe per framework loads its extension in a subprocess) whether
 it was built with TensorFlow and Gloo, and with PyTorch where PyTorch is installed,
-exiting non-zero if not; says whether it has NCCL and CUDA (``--gpu``, which ``make install
-GPU=1`` passes, makes PyTorch, NCCL and CUDA required and TensorFlow optional), and
+exiting non-zero if not; says whether it has NCCL and CUDA (``--gpu torch``, which ``make
+install GPU=1`` passes, makes PyTorch, NCCL and CUDA required and TensorFlow optional;
+``--gpu tensorflow``, from ``make install GPU=tf``, TensorFlow, NCCL and CUDA), and
 whether it carries the Gloo interface fix and, on Keras 3, the Keras 3 port from
 ``patches/`` (a stock build still runs collectives, with the hostname caveat;
 ``--require-fix``, which ``make install`` passes, makes the absence of either an error).
 """
 
+import argparse
 import functools
 import importlib.util
 import json
@@ -19,7 +21,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from horovod_ray.stack.build import (  # noqa: E402
-    GPU_HINT,
+    GPU_HINTS,
     INSTALL_HINT,
     TORCH_HINT,
     batched_rendezvous,
@@ -31,17 +33,21 @@ from horovod_ray.stack.build import (  # noqa: E402
 )
 
 
-def _gpu_check(gpu: bool) -> int:
-    """What horovod's collectives can do with GPU tensors; with ``gpu``, NCCL and CUDA are
-    required, as the GPU line builds them."""
+def _gpu_check(gpu: str | None) -> int:
+    """What horovod's collectives can do with GPU tensors; with ``gpu``, the GPU line's
+    framework, NCCL and CUDA are required, as that line builds them."""
     nccl = horovod_nccl_built()
     cuda = nccl and horovod_cuda_built()
     if nccl and cuda:
-        print(f"horovod_ray: horovod has NCCL {nccl_version(nccl)} and CUDA ({_cuda_versions()})")
+        framework = gpu or max(_NAMES, key=lambda f: _probe(f).get("nccl", 0))
+        print(
+            f"horovod_ray: horovod has NCCL {nccl_version(nccl)} and CUDA "
+            f"({_cuda_versions(framework)})"
+        )
         return 0
     if gpu:
         print(
-            f"horovod_ray: horovod lacks {'NCCL' if not nccl else 'CUDA'}: {GPU_HINT}",
+            f"horovod_ray: horovod lacks {'NCCL' if not nccl else 'CUDA'}: {GPU_HINTS[gpu]}",
             file=sys.stderr,
         )
         return 1
@@ -53,16 +59,25 @@ def _gpu_check(gpu: bool) -> int:
 
 
 # Run in a fresh interpreter per framework: loads horovod's extension for it (or fails to),
-# and prints what the build has on its last line, in one import where horovod's own
-# probes import the framework again for each question.
+# and prints what the build has, and the framework's CUDA release and GPUs, on its last
+# line, in one import where horovod's own probes import the framework again for each question.
 _PROBE = """
 import json, os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.stdout, out = open(os.devnull, "w"), sys.stdout
 import horovod.{0} as hvd
+{1}
 out.write("\\n" + json.dumps({{"gloo": bool(hvd.gloo_built()), "nccl": int(hvd.nccl_built()),
-                               "cuda": bool(hvd.cuda_built())}}))
+                               "cuda": bool(hvd.cuda_built()), "framework_cuda": cuda,
+                               "gpus": gpus}}))
 """
+_DEVICES = {
+    "torch": "import torch\ncuda, gpus = torch.version.cuda, torch.cuda.device_count()",
+    "tensorflow": "import tensorflow as tf\n"
+    "cuda = tf.sysconfig.get_build_info().get('cuda_version')\n"
+    "gpus = len(tf.config.list_physical_devices('GPU'))",
+}
+_NAMES = {"torch": "PyTorch", "tensorflow": "TensorFlow"}
 
 
 @functools.cache
@@ -74,7 +89,11 @@ def _probe(framework: str) -> dict:
         return {"error": f"{framework} is not installed"}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _PROBE.format(framework)],
+            [
+                sys.executable,
+                "-c",
+                _PROBE.format(framework, _DEVICES.get(framework, "cuda, gpus = None, 0")),
+            ],
             capture_output=True,
             text=True,
             timeout=300,
@@ -98,17 +117,21 @@ def horovod_cuda_built() -> bool:
     return any(_probe(f).get("cuda", False) for f in ("torch", "tensorflow"))
 
 
-def _cuda_versions() -> str:
-    import torch
+def _cuda_versions(framework: str) -> str:
+    """The CUDA release ``framework`` was built for, and the GPUs it sees here."""
+    built = _probe(framework)
+    return (
+        f"{_NAMES[framework]}'s CUDA {built.get('framework_cuda')}, "
+        f"{built.get('gpus', 0)} GPU(s) visible here"
+    )
 
-    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return f"PyTorch's CUDA {torch.version.cuda}, {devices} GPU(s) visible here"
 
-
-def _full_check(require_fix: bool, gpu: bool = False) -> int:
-    framework = "PyTorch" if gpu else "TensorFlow"
-    built = _probe("torch" if gpu else "tensorflow")
-    hint = GPU_HINT if gpu else INSTALL_HINT
+def _full_check(require_fix: bool, gpu: str | None = None) -> int:
+    """``gpu``: the GPU line's framework (``torch`` or ``tensorflow``), or None on the CPU
+    lines, where TensorFlow is required."""
+    framework = _NAMES[gpu or "tensorflow"]
+    built = _probe(gpu or "tensorflow")
+    hint = GPU_HINTS[gpu] if gpu else INSTALL_HINT
     if "error" in built:
         print(f"horovod_ray: horovod lacks {framework} ({built['error']}); {hint}", file=sys.stderr)
         return 1
@@ -163,5 +186,17 @@ def _full_check(require_fix: bool, gpu: bool = False) -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m horovod_ray.stack.check_install")
+    parser.add_argument(
+        "--require-fix", action="store_true", help="fail where a fix of patches/ is missing"
+    )
+    parser.add_argument(
+        "--gpu", choices=sorted(_NAMES), help="a GPU line: this framework, NCCL and CUDA required"
+    )
+    args = parser.parse_args(argv)
+    return _full_check(require_fix=args.require_fix, gpu=args.gpu)
+
+
 if __name__ == "__main__":
-    sys.exit(_full_check(require_fix="--require-fix" in sys.argv[1:], gpu="--gpu" in sys.argv[1:]))
+    sys.exit(main())

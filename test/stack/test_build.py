@@ -63,33 +63,37 @@ def test_nccl_version_codes_read_as_releases(code, version):
     assert build.nccl_version(code) == version
 
 
-def _probes(monkeypatch, nccl: int, gpu_torch: bool) -> None:
-    """What the probe of each framework's extension finds: PyTorch's as given, TensorFlow's
-    a CPU build."""
-    torch = {"gloo": True, "nccl": nccl, "cuda": gpu_torch}
-    tensorflow = {"gloo": True, "nccl": 0, "cuda": False}
+def _probes(monkeypatch, nccl: int, gpu_build: bool, line: str = "torch") -> None:
+    """What the probe of each framework's extension finds: the GPU line's framework's as
+    given (built for CUDA 13.0 with no GPU in sight), the other's missing."""
+    gpu = {"gloo": True, "nccl": nccl, "cuda": gpu_build, "framework_cuda": "13.0", "gpus": 0}
+    other = {"error": "not installed"}
     monkeypatch.setattr(
-        check_install, "_probe", lambda framework: torch if framework == "torch" else tensorflow
+        check_install, "_probe", lambda framework: gpu if framework == line else other
     )
-    monkeypatch.setattr(check_install, "_cuda_versions", lambda: "PyTorch's CUDA 13.0, 0 GPU(s)")
 
 
-def test_the_gpu_lines_check_reports_nccl_and_cuda(monkeypatch, capsys):
-    _probes(monkeypatch, nccl=23007, gpu_torch=True)
-    assert check_install._gpu_check(gpu=True) == 0
-    assert "horovod has NCCL 2.30.7 and CUDA (PyTorch's CUDA 13.0" in capsys.readouterr().out
+@pytest.mark.parametrize(("line", "name"), [("torch", "PyTorch"), ("tensorflow", "TensorFlow")])
+def test_the_gpu_lines_check_reports_nccl_and_cuda(monkeypatch, capsys, line, name):
+    _probes(monkeypatch, nccl=23007, gpu_build=True, line=line)
+    assert check_install._gpu_check(gpu=line) == 0
+    assert (
+        f"horovod has NCCL 2.30.7 and CUDA ({name}'s CUDA 13.0, 0 GPU(s) visible here)"
+        in capsys.readouterr().out
+    )
 
 
+@pytest.mark.parametrize(("line", "make"), [("torch", "GPU=1"), ("tensorflow", "GPU=tf")])
 @pytest.mark.parametrize(
-    ("nccl", "gpu_torch", "missing"), [(0, False, "NCCL"), (23007, False, "CUDA")]
+    ("nccl", "gpu_build", "missing"), [(0, False, "NCCL"), (23007, False, "CUDA")]
 )
 def test_the_gpu_lines_check_fails_without_nccl_or_cuda(
-    monkeypatch, capsys, nccl, gpu_torch, missing
+    monkeypatch, capsys, nccl, gpu_build, missing, line, make
 ):
-    _probes(monkeypatch, nccl=nccl, gpu_torch=gpu_torch)
-    assert check_install._gpu_check(gpu=True) == 1
+    _probes(monkeypatch, nccl=nccl, gpu_build=gpu_build, line=line)
+    assert check_install._gpu_check(gpu=line) == 1
     err = capsys.readouterr().err
-    assert f"horovod lacks {missing}" in err and "make install GPU=1" in err
+    assert f"horovod lacks {missing}" in err and f"make install {make}" in err
 
 
 def test_the_probe_reads_the_installed_build_and_names_what_does_not_load():
@@ -118,11 +122,35 @@ def test_the_probe_reads_the_installed_build_and_names_what_does_not_load():
 )
 def test_the_gpu_lines_full_check_names_what_is_missing(monkeypatch, capsys, torch, message):
     monkeypatch.setattr(check_install, "_probe", lambda framework: torch)
-    assert check_install._full_check(require_fix=True, gpu=True) == 1
+    assert check_install._full_check(require_fix=True, gpu="torch") == 1
     assert message in capsys.readouterr().err
 
 
+def test_the_tensorflow_gpu_lines_full_check_requires_tensorflow(monkeypatch, capsys):
+    # The TensorFlow GPU line has no PyTorch: it is TensorFlow's extension that must load.
+    broken = {"error": "importing horovod.tensorflow failed: OSError: libcudart.so.12"}
+    monkeypatch.setattr(check_install, "_probe", lambda framework: broken)
+    assert check_install.main(["--require-fix", "--gpu", "tensorflow"]) == 1
+    err = capsys.readouterr().err
+    assert "horovod lacks TensorFlow (importing horovod.tensorflow failed" in err
+    assert "make install GPU=tf" in err
+
+
+def test_the_check_refuses_an_unknown_gpu_line(capsys):
+    with pytest.raises(SystemExit):
+        check_install.main(["--gpu", "mxnet"])
+    assert "argument --gpu: invalid choice: 'mxnet'" in capsys.readouterr().err
+
+
 def test_a_cpu_build_is_reported_as_such_and_passes(monkeypatch, capsys):
-    _probes(monkeypatch, nccl=0, gpu_torch=False)
-    assert check_install._gpu_check(gpu=False) == 0
+    _probes(monkeypatch, nccl=0, gpu_build=False)
+    assert check_install._gpu_check(gpu=None) == 0
     assert "horovod has no NCCL (a CPU build" in capsys.readouterr().out
+
+
+def test_a_check_without_a_line_names_the_framework_built_with_nccl(monkeypatch, capsys):
+    # A hand-built horovod with NCCL, checked without --gpu: its CUDA is the framework's
+    # whose extension has NCCL, here TensorFlow's.
+    _probes(monkeypatch, nccl=23203, gpu_build=True, line="tensorflow")
+    assert check_install._gpu_check(gpu=None) == 0
+    assert "NCCL 2.32.3 and CUDA (TensorFlow's CUDA 13.0" in capsys.readouterr().out

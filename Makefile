@@ -4,8 +4,14 @@ PYTHON ?= python3.11
 # Keras 2). Each line has its own constraints and its own environment, so both can stand side by side.
 TF ?= 2.21
 # GPU=1: the GPU line instead (docs/gpus.rst), PyTorch's CUDA build and horovod with NCCL, in
-# its own environment; it builds on a machine without a GPU, and `make test-gpu` runs on one.
+# its own environment; GPU=tf: TensorFlow's, in another (the two need different CUDA
+# releases). Both build on a machine without a GPU, and `make test-gpu` runs on one.
 GPU ?= 0
+ifeq ($(filter $(GPU),0 1 tf),)
+$(error GPU=$(GPU) is not a line: use GPU=1 (PyTorch's CUDA build), GPU=tf (TensorFlow's) or leave it out)
+endif
+# The chosen environment's site-packages, where pip's CUDA and NCCL wheels lie.
+SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 ifeq ($(GPU),1)
 LINE := gpu
 VENV := .venv-gpu
@@ -19,10 +25,26 @@ TF_EXTRA := torch
 # to them in a folder of its own. nvcc's profile looks for its runtime in lib64, which the
 # wheels name lib (CUDAFLAGS). The built extension finds both libraries at run time because
 # horovod.torch imports torch first, which loads them from the environment's wheels.
-CUDA_ROOT = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nvidia
+CUDA_ROOT = $(SITE)/nvidia
 HOROVOD_BUILD_ENV = HOROVOD_CUDA_HOME=$(CUDA_ROOT)/cu13 CUDA_HOME=$(CUDA_ROOT)/cu13 \
 	CUDAFLAGS=-L$(CUDA_ROOT)/cu13/lib \
 	CMAKE_LIBRARY_PATH=$(HOROVOD_BUILD)/links HOROVOD_NCCL_INCLUDE=$(CUDA_ROOT)/nccl/include \
+	HOROVOD_NCCL_LIB=$(HOROVOD_BUILD)/links
+else ifeq ($(GPU),tf)
+LINE := gpu-tf
+VENV := .venv-gpu-tf
+CONSTRAINTS := constraints-gpu-tf.txt
+# TensorFlow's GPU build with the CUDA 12 libraries it loads (its and-cuda extra: cuDNN,
+# cuBLAS, NCCL, ...); the compiler comes from Debian (patches/gpu-tf/cuda12-home.sh).
+TF_PACKAGES := 'tensorflow[and-cuda]' keras
+TF_EXTRA := tensorflow-gpu
+HOROVOD_GPU_TF := $(sort $(wildcard patches/gpu-tf/*))
+# TensorFlow 2.21's headers include highwayhash and farmhash, which its wheel ships outside
+# the include path it gives. NCCL's wheel has only libnccl.so.2: a link in links/ (below).
+HOROVOD_BUILD_ENV = HOROVOD_CUDA_HOME=$(HOROVOD_BUILD)/cuda CUDA_HOME=$(HOROVOD_BUILD)/cuda \
+	CXXFLAGS="-I$(SITE)/tensorflow/include/external/highwayhash \
+	-I$(SITE)/tensorflow/include/external/farmhash_archive/src" \
+	CMAKE_LIBRARY_PATH=$(HOROVOD_BUILD)/links HOROVOD_NCCL_INCLUDE=$(SITE)/nvidia/nccl/include \
 	HOROVOD_NCCL_LIB=$(HOROVOD_BUILD)/links
 else ifeq ($(TF),2.21)
 LINE := tf$(TF)
@@ -47,7 +69,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 HOROVOD_STAMP := $(VENV)/.horovod
 HOROVOD_VERSION := 0.28.1
-HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch))
+HOROVOD_PATCHES := $(sort $(wildcard patches/horovod-$(HOROVOD_VERSION)-*.patch)) \
+	$(filter %.patch,$(HOROVOD_GPU_TF))
 HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 $(HOROVOD_TORCH) \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1
 CHECK_FLAGS := --require-fix
@@ -57,7 +80,14 @@ ifeq ($(GPU),1)
 HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL \
 	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=75,80,90,100
-CHECK_FLAGS := --require-fix --gpu
+CHECK_FLAGS := --require-fix --gpu torch
+else ifeq ($(GPU),tf)
+# TensorFlow alone, with NCCL, for Turing (75), Ampere (80) and Hopper (90) GPUs (CUDA
+# 12.4 predates Blackwell); XLA's custom calls (xla_mpi_ops.cc) are compiled, as on any GPU build.
+HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
+	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL \
+	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=75,80,90
+CHECK_FLAGS := --require-fix --gpu tensorflow
 endif
 # horovod is compiled once for each set of what goes into it (its patches, the frameworks
 # pinned, the flags, Python, the compiler), in a folder named by a hash of those, kept
@@ -65,8 +95,8 @@ endif
 # environment reinstalls the wheel in seconds. build/$(LINE) links to it (tests compile
 # against its Gloo). The folder is complete once it holds wheel/; `make clean-cache` empties it.
 HOROVOD_CACHE ?= $(HOME)/.cache/horovod_ray
-HOROVOD_KEY := $(shell (cat $(HOROVOD_PATCHES); \
-	grep -E '^(tensorflow-cpu|torch|horovod|nvidia-[a-z0-9-]+)==' $(CONSTRAINTS); \
+HOROVOD_KEY := $(shell (cat $(HOROVOD_PATCHES) $(HOROVOD_GPU_TF); \
+	grep -E '^(tensorflow(-cpu)?|torch|horovod|nvidia-[a-z0-9-]+)==' $(CONSTRAINTS); \
 	echo '$(HOROVOD_FLAGS)'; $(PYTHON) --version; c++ --version | head -1) \
 	| sha256sum | cut -c1-16)
 HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-$(LINE)-$(HOROVOD_KEY)
@@ -82,7 +112,7 @@ install: $(STAMP)
 
 # Two steps: the stack with horovod built from source (minutes), then this package (seconds),
 # so that a change to setup.py does not rebuild horovod.
-$(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES)
+$(HOROVOD_STAMP): $(CONSTRAINTS) Makefile $(HOROVOD_PATCHES) $(HOROVOD_GPU_TF)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=23.2" "setuptools>=65" wheel
 	$(PIP) install --quiet -c $(CONSTRAINTS) $(TF_PACKAGES) "ray[default,tune]" numpy \
@@ -109,6 +139,9 @@ horovod-wheel:
 		$(if $(filter gpu,$(LINE)),mkdir -p $(HOROVOD_BUILD)/links && \
 			ln -sf $(CUDA_ROOT)/nccl/lib/libnccl.so.2 $(HOROVOD_BUILD)/links/libnccl.so && \
 			ln -sf $(CUDA_ROOT)/cu13/lib/libcudart.so.13 $(HOROVOD_BUILD)/links/libcudart.so &&) \
+		$(if $(filter gpu-tf,$(LINE)),patches/gpu-tf/cuda12-home.sh $(HOROVOD_BUILD)/cuda $(PY) && \
+			mkdir -p $(HOROVOD_BUILD)/links && \
+			ln -sf $(SITE)/nvidia/nccl/lib/libnccl.so.2 $(HOROVOD_BUILD)/links/libnccl.so &&) \
 		$(HOROVOD_FLAGS) $(HOROVOD_BUILD_ENV) MAKEFLAGS=-j$(shell nproc) $(PIP) wheel --quiet --no-build-isolation \
 			--no-cache-dir --no-deps -w $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_SRC) && \
 		mv $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_BUILD)/wheel; \
@@ -120,7 +153,7 @@ $(STAMP): $(HOROVOD_STAMP) setup.py
 
 # The documentation, then the whole suite on the chosen line; on the default line, then
 # the 2023 line's subset.
-ifeq ($(GPU),1)
+ifneq ($(GPU),0)
 test: test-gpu-line
 else ifeq ($(TF),2.21)
 test: docs test-suite test-2023
@@ -146,17 +179,23 @@ test-2023:
 test-subset: install
 	$(PY) -m pytest $(PYTEST_ARGS) -m "unit or line_2023" --ignore=test/test_bench.py test
 
-# The GPU line on a machine without a GPU (make test GPU=1, about a minute after its
-# install): its build's NCCL and CUDA, horovod.torch's tests on CPU tensors, and the device
-# check's script on CPU ranks. Not in `make test` (CI), whose time it does not fit.
+# A GPU line on a machine without a GPU (make test GPU=1 or GPU=tf, a minute or two after
+# its install): its build's NCCL and CUDA, its framework's horovod tests on CPU tensors
+# (test_torch.py; test_keras.py, marked line_2023), and the device check's script on CPU
+# ranks. Not in `make test` (CI), whose time it does not fit.
+GPU_LINE_TESTS := $(if $(filter tf,$(GPU)),test/test_keras.py,test/test_torch.py)
 test-gpu-line: install
-	$(PY) -m pytest $(PYTEST_ARGS) -m gpu_line test/stack test/test_torch.py
+	$(PY) -m pytest $(PYTEST_ARGS) -m "gpu_line or line_2023" test/stack $(GPU_LINE_TESTS)
 
-# The device check, on a machine with NVIDIA GPUs (docs/gpus.rst): builds the GPU line
-# first where it is not built yet.
+# The device check, on a machine with NVIDIA GPUs (docs/gpus.rst): builds both GPU lines
+# first where they are not built yet, then checks each; fails if either check does.
 test-gpu:
 	$(MAKE) GPU=1 install
-	.venv-gpu/bin/python -m bench.gpu_check
+	$(MAKE) GPU=tf install
+	status=0; \
+	.venv-gpu/bin/python -m bench.gpu_check --framework torch || status=$$?; \
+	.venv-gpu-tf/bin/python -m bench.gpu_check --framework tensorflow || status=$$?; \
+	exit $$status
 
 test-bench: install
 	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py
@@ -197,7 +236,7 @@ bench-lines: native
 	.venv/bin/python -m bench.lines
 
 clean:
-	rm -rf .venv .venv-tf2.15 .venv-gpu build *.egg-info .pytest_cache
+	rm -rf .venv .venv-tf2.15 .venv-gpu .venv-gpu-tf build *.egg-info .pytest_cache
 
 # The horovod builds that `make install` keeps for reuse (see HOROVOD_CACHE).
 clean-cache:

@@ -36,6 +36,8 @@ setup(
         # Keras 3, and the 2023 line, whose tf.keras is Keras 2.
         "tensorflow": ["tensorflow-cpu>=2.21,<2.22", "keras>=3.15,<4"],
         "tensorflow-2023": ["tensorflow-cpu>=2.15,<2.16"],
+        # The TensorFlow GPU line (make install GPU=tf): the GPU build and its CUDA 12 libraries.
+        "tensorflow-gpu": ["tensorflow[and-cuda]>=2.21,<2.22", "keras>=3.15,<4"],
         # horovod.torch: horovod must be built against this PyTorch (make install does);
         # 2.13 on the default line, 2.14 (CUDA 13) on the GPU line.
         "torch": ["torch>=2.13,<2.15"],

@@ -1,5 +1,5 @@
-"""``make test-gpu``: the GPU line's check on a machine with NVIDIA GPUs
-(``python -m bench.gpu_check``; docs/gpus.rst).
+"""``make test-gpu``: the GPU lines' check on a machine with NVIDIA GPUs
+(``python -m bench.gpu_check --framework torch|tensorflow``; docs/gpus.rst).
 
 Through ``horovod_ray.run(..., use_gpu=True)``, on 2 ranks, each on a GPU of its own, where
 Ray sees two GPUs or more, else on 1 (NCCL refuses two ranks of one communicator on one
@@ -9,11 +9,13 @@ device), each rank:
 * runs an allreduce, an allgather and a broadcast on tensors in its GPU's memory, the
   results staying on the GPU;
 * takes one ``hvd.DistributedOptimizer`` step from different initial weights and data per
-  rank, after ``broadcast_parameters``: every rank must end with the same weights, and
-  they must be the ones a plain optimizer reaches with the averaged gradient;
-* times ``--iters`` allreduces of a ``--mb`` float32 tensor through horovod (NCCL) and through
-  ``torch.distributed``'s nccl backend in the same processes, on the same tensor (with one
-  rank there is no peer, and no figure).
+  rank, after a broadcast of rank 0's weights (PyTorch: a step of ``torch.optim.SGD``;
+  TensorFlow: Keras 3's ``model.fit``, compiled with ``jit_compile=False`` as docs/gpus.rst
+  advises): every rank must end with the same weights, and they must be the ones a plain
+  step along the averaged gradient reaches;
+* times ``--iters`` allreduces of a ``--mb`` float32 tensor through horovod (NCCL) and, with
+  PyTorch, through ``torch.distributed``'s nccl backend in the same processes, on the same
+  tensor (with one rank there is no peer, and no figure).
 
 ``--device cpu`` runs the same on CPU tensors (Gloo for both), which is how ``make test``
 checks this script on machines without a GPU. Exit status: 0 when every check holds, 1
@@ -78,8 +80,8 @@ def _optimizer_step(hvd, torch, device) -> dict:
     }
 
 
-def rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
-    """What one rank finds; runs inside a horovod_ray rank."""
+def torch_rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
+    """What one rank finds with horovod.torch; runs inside a horovod_ray rank."""
     import horovod.torch as hvd
     import ray
     import torch
@@ -136,6 +138,91 @@ def rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
     return found
 
 
+def _keras_step(hvd, tf, device: str) -> dict:
+    """One Keras 3 ``fit`` step with horovod's DistributedOptimizer against a plain SGD step
+    along the averaged gradient, from rank 0's weights and each rank's own data."""
+    import horovod.tensorflow.keras as hvd_keras
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(hvd.rank())  # different data on each rank
+    x = rng.normal(size=(8, 16)).astype("float32")
+    y = rng.normal(size=(8, 4)).astype("float32")
+    with tf.device(device):
+        keras.utils.set_random_seed(hvd.rank())  # and different initial weights
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(4)])
+        hvd.broadcast_variables(model.variables, root_rank=0)
+        start = model.get_weights()
+        optimizer = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(learning_rate=0.1))
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0)
+        after = np.concatenate([w.ravel() for w in model.get_weights()])
+        every_rank = hvd.allgather(tf.constant(after[None, :]), name="gpu_check.weights").numpy()
+
+        # The plain step: the same start, the gradient averaged by hand.
+        kernel, bias = tf.Variable(start[0]), tf.Variable(start[1])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(x @ kernel + bias - y))
+        grads = [
+            hvd.allreduce(grad, op=hvd.Average, name=f"gpu_check.grad.{index}").numpy()
+            for index, grad in enumerate(tape.gradient(loss, [kernel, bias]))
+        ]
+    expected = np.concatenate([(w - 0.1 * g).ravel() for w, g in zip(start, grads, strict=True)])
+    return {
+        "weights identical on every rank": all((row == every_rank[0]).all() for row in every_rank),
+        "weights those of the averaged step": bool(np.allclose(after, expected, atol=1e-5)),
+    }
+
+
+def tensorflow_rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
+    """What one rank finds with horovod.tensorflow; runs inside a horovod_ray rank."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    found: dict = {"rank": rank, "nccl built": hvd.nccl_built(), "cuda built": hvd.cuda_built()}
+    if device_kind == "cuda":
+        # horovod_ray shows a rank its node's GPUs; its own is the local rank's, and the
+        # only one this process keeps.
+        gpus = tf.config.list_physical_devices("GPU")
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[hvd.local_rank()], True)
+        device = "/GPU:0"
+        found["gpu"] = tf.config.experimental.get_device_details(gpus[hvd.local_rank()]).get(
+            "device_name", "GPU"
+        )
+    else:
+        device = "/CPU:0"
+
+    def on_device(tensor) -> bool:
+        return tensor.device.endswith(device.lstrip("/"))
+
+    with tf.device(device):
+        summed = hvd.allreduce(tf.fill([1024], float(rank + 1)), op=hvd.Sum, name="gpu_check.sum")
+        gathered = hvd.allgather(tf.constant([rank]), name="gpu_check.gather")
+        sent = hvd.broadcast(tf.constant([rank + 10.0]), 0, name="gpu_check.bcast")
+        data = tf.ones([nbytes // 4])
+    found["allreduce on the device"] = on_device(summed) and bool(
+        tf.reduce_all(summed == size * (size + 1) / 2)
+    )
+    found["allgather on the device"] = on_device(gathered) and gathered.numpy().tolist() == list(
+        range(size)
+    )
+    found["broadcast on the device"] = on_device(sent) and sent.numpy().tolist() == [10.0]
+    found.update(_keras_step(hvd, tf, device))
+
+    # An eager allreduce returns once horovod has finished it: nothing to synchronize.
+    with tf.device(device):
+        seconds = _seconds(
+            lambda t: hvd.allreduce(t, op=hvd.Sum, name="gpu_check.bw"), data, iters, lambda: None
+        )
+    found["horovod MB/s"] = nbytes * iters / seconds / 1e6
+    return found
+
+
+RANK_CHECKS = {"torch": torch_rank_checks, "tensorflow": tensorflow_rank_checks}
+
 CHECKS = (
     "allreduce on the device",
     "allgather on the device",
@@ -147,6 +234,12 @@ CHECKS = (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__)
+    parser.add_argument(
+        "--framework",
+        choices=sorted(RANK_CHECKS),
+        default="torch",
+        help="horovod.torch (the GPU line, make install GPU=1) or horovod.tensorflow (GPU=tf)",
+    )
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--mb", type=int, default=64, help="the timed tensor's size in MB")
     parser.add_argument("--iters", type=int, default=20, help="timed allreduces per peer")
@@ -167,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ranks = 2 if args.device == "cpu" or gpus >= 2 else 1
     results = horovod_ray.run(
-        rank_checks,
+        RANK_CHECKS[args.framework],
         kwargs={"device_kind": args.device, "nbytes": args.mb * 2**20, "iters": args.iters},
         num_slots=ranks,
         use_gpu=args.device == "cuda",
@@ -185,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rank {rank}: {check}: {'ok' if found[check] else 'FAILED'}")
             failed |= not found[check]
     if args.device == "cuda" and not all(r["nccl built"] and r["cuda built"] for r in results):
-        print("gpu_check: horovod lacks NCCL or CUDA: make install GPU=1", file=sys.stderr)
+        build = "GPU=1" if args.framework == "torch" else "GPU=tf"
+        print(f"gpu_check: horovod lacks NCCL or CUDA: make install {build}", file=sys.stderr)
         failed = True
     zero = results[0]
     line = (
@@ -195,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     if "torch.distributed MB/s" in zero:
         peer = zero["torch.distributed MB/s"]
         line += f", torch.distributed {peer:.0f} MB/s, ratio {zero['horovod MB/s'] / peer:.2f}"
+    elif args.framework == "tensorflow":
+        line += " (TensorFlow: no peer in this check)"
     else:
         line += " (one rank: no peer, no comparison)"
     print(line)

@@ -200,7 +200,8 @@ def tensorflow_rank_checks(device_kind: str, nbytes: int, iters: int) -> dict:
 
     with tf.device(device):
         summed = hvd.allreduce(tf.fill([1024], float(rank + 1)), op=hvd.Sum, name="gpu_check.sum")
-        gathered = hvd.allgather(tf.constant([rank]), name="gpu_check.gather")
+        # A float: TensorFlow keeps small integer tensors in host memory, on any device.
+        gathered = hvd.allgather(tf.constant([float(rank)]), name="gpu_check.gather")
         sent = hvd.broadcast(tf.constant([rank + 10.0]), 0, name="gpu_check.bcast")
         data = tf.ones([nbytes // 4])
     found["allreduce on the device"] = on_device(summed) and bool(

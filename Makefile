@@ -1,4 +1,5 @@
-# Every target does every step it needs on a fresh machine (Python 3.11, a C++ compiler, CMake).
+# Every target does every step it needs on a fresh machine (Python 3.11, a C++ compiler, CMake;
+# GPU=tf also apt-get and dpkg-deb, docs/gpus.rst).
 PYTHON ?= python3.11
 # The TensorFlow line: 2.21 (the default: today's TensorFlow, Keras 3) or 2.15 (the 2023 line,
 # Keras 2). Each line has its own constraints and its own environment, so both can stand side by side.
@@ -82,11 +83,12 @@ HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITH_P
 	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=75,80,90,100
 CHECK_FLAGS := --require-fix --gpu torch
 else ifeq ($(GPU),tf)
-# TensorFlow alone, with NCCL, for Turing (75), Ampere (80) and Hopper (90) GPUs (CUDA
-# 12.4 predates Blackwell); XLA's custom calls (xla_mpi_ops.cc) are compiled, as on any GPU build.
+# TensorFlow alone, with NCCL, for Volta (70), Turing (75), Ampere (80) and Hopper (90) GPUs
+# (CUDA 12.4 predates Blackwell); XLA's custom calls (xla_mpi_ops.cc) are compiled, as on any
+# GPU build.
 HOROVOD_FLAGS := HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
 	HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_GPU_OPERATIONS=NCCL \
-	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=75,80,90
+	HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=70,75,80,90
 CHECK_FLAGS := --require-fix --gpu tensorflow
 endif
 # horovod is compiled once for each set of what goes into it (its patches, the frameworks
@@ -187,14 +189,15 @@ GPU_LINE_TESTS := $(if $(filter tf,$(GPU)),test/test_keras.py,test/test_torch.py
 test-gpu-line: install
 	$(PY) -m pytest $(PYTEST_ARGS) -m "gpu_line or line_2023" test/stack $(GPU_LINE_TESTS)
 
-# The device check, on a machine with NVIDIA GPUs (docs/gpus.rst): builds both GPU lines
-# first where they are not built yet, then checks each; fails if either check does.
+# The device check, on a machine with NVIDIA GPUs (docs/gpus.rst): each GPU line in turn,
+# built first where it is not built yet, then checked; one line's failure (its build or its
+# check) does not keep the other from its check, and fails the target.
 test-gpu:
-	$(MAKE) GPU=1 install
-	$(MAKE) GPU=tf install
 	status=0; \
-	.venv-gpu/bin/python -m bench.gpu_check --framework torch || status=$$?; \
-	.venv-gpu-tf/bin/python -m bench.gpu_check --framework tensorflow || status=$$?; \
+	{ $(MAKE) GPU=1 install && .venv-gpu/bin/python -m bench.gpu_check --framework torch; } \
+		|| status=$$?; \
+	{ $(MAKE) GPU=tf install && \
+		.venv-gpu-tf/bin/python -m bench.gpu_check --framework tensorflow; } || status=$$?; \
 	exit $$status
 
 test-bench: install

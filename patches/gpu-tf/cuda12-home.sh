@@ -16,17 +16,22 @@ if [ $# -ne 2 ]; then
 fi
 dest=$1
 python=$2
+fail() {
+	echo "cuda12-home.sh: $*; docs/gpus.rst says what the TensorFlow GPU line needs" >&2
+	exit 1
+}
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 for need in apt-get dpkg-deb "$keyring"; do
 	if ! command -v "$need" >/dev/null && [ ! -f "$need" ]; then
-		echo "cuda12-home.sh: $need is missing: the TensorFlow GPU line takes CUDA 12.4's" \
-			"compiler from Debian's archive, with apt-get, dpkg-deb and Debian's archive" \
-			"keys (the package debian-archive-keyring; docs/gpus.rst)" >&2
-		exit 1
+		fail "$need is missing: CUDA 12.4's compiler comes from Debian's archive, with" \
+			"apt-get, dpkg-deb and Debian's archive keys (the package debian-archive-keyring)"
 	fi
 done
-toolkit=12.4.131~12.4.1-2
-runtime=12.4.127~12.4.1-2
+arch=$(dpkg --print-architecture)
+[ "$arch" = amd64 ] || fail "this machine is $arch: the line is built for x86-64 (amd64) only"
+# CUDA's own releases; Debian's revision of them (after the last "-") may move on.
+toolkit=12.4.131~12.4.1
+runtime=12.4.127~12.4.1
 work=$dest.partial
 rm -rf "$work" "$dest"
 mkdir -p "$work/apt/lists/partial" "$work/debs" "$work/root" "$work/cccl"
@@ -38,8 +43,16 @@ apt=(-qq -o Dir::Etc::sourcelist="$work/apt/sources.list" -o Dir::Etc::sourcepar
 	-o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache"
 	-o APT::Sandbox::User="$(id -un)")
 apt-get "${apt[@]}" update
-(cd "$work/debs" && apt-get "${apt[@]}" download nvidia-cuda-toolkit="$toolkit" \
-	libnvvm4="$toolkit" libcudart12="$runtime" nvidia-cuda-dev="$runtime")
+(cd "$work/debs" && apt-get "${apt[@]}" download nvidia-cuda-toolkit libnvvm4 libcudart12 \
+	nvidia-cuda-dev)
+for package in nvidia-cuda-toolkit:$toolkit libnvvm4:$toolkit libcudart12:$runtime \
+	nvidia-cuda-dev:$runtime; do
+	version=$(dpkg-deb -f "$work"/debs/"${package%%:*}"_*.deb Version)
+	case $version in
+	"${package#*:}"-*) ;;
+	*) fail "Debian's ${package%%:*} is $version now, not CUDA ${package#*:}" ;;
+	esac
+done
 for deb in "$work"/debs/{nvidia-cuda-toolkit,libnvvm4,libcudart12}_*.deb; do
 	dpkg-deb -x "$deb" "$work/root"
 done

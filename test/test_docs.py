@@ -50,7 +50,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 12
+    assert len(PYTHON) == 13
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -63,7 +63,8 @@ def test_the_docs_have_the_snippets_this_test_runs():
         # Run on simulated hosts (test/hosts), with the head's address for HEAD.
         'ray.init(address="auto")',
         'ray.init("ray://HEAD:10001")',
-        "use_gpu=True",
+        "torch.cuda.set_device(hvd.local_rank())",
+        "set_memory_growth",
         "stall_timeout_s=4",
     ):
         assert _block(marker)
@@ -106,9 +107,14 @@ def test_tune_snippet(joined):
     assert "{'lr': 0.01}" in out
 
 
-def test_gpu_snippet_gives_each_local_rank_its_own_gpu():
-    out = run_fresh_python(_block("use_gpu=True"), SNIPPET_S)
-    assert ast.literal_eval(out.strip().splitlines()[-1]) == [("0,1", 0), ("0,1", 1)]
+def test_gpu_snippets_give_each_local_rank_its_own_gpu():
+    # PyTorch's, then TensorFlow's, in one interpreter: the second's ray.init() finds the
+    # first's local Ray with its two logical GPUs.
+    torch, tensorflow = _block("torch.cuda.set_device"), _block("set_memory_growth")
+    out = run_fresh_python(torch + "\n" + tensorflow, SNIPPET_S)
+    *_, first, second = out.strip().splitlines()
+    assert ast.literal_eval(first) == [("0,1", 0), ("0,1", 1)]
+    assert ast.literal_eval(second) == [0, 1]
 
 
 def test_hang_snippet_names_the_missing_rank_and_its_sleeping_line(joined):

@@ -17,7 +17,6 @@ A run still going at the deadline is recorded with the deadline as its seconds a
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPSer
 
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.server import GLOBAL_SCOPE, RendezvousServer
+from horovod_ray.stack.build import installed_version
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bench" / "native" / "rendezvous_load.cc"
@@ -42,12 +42,10 @@ WAYS = ("stock", "backlog", "batched")
 
 
 def _tensorflow_version() -> str:
-    for name in ("tensorflow-cpu", "tensorflow"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    raise RuntimeError("TensorFlow is not installed: run `make install`")
+    version = installed_version("tensorflow-cpu", "tensorflow")
+    if version is None:
+        raise RuntimeError("TensorFlow is not installed: run `make install`")
+    return version
 
 
 def horovod_tree() -> tuple[Path, Path]:

@@ -112,16 +112,24 @@ def batched_rendezvous() -> bool:
     return _gloo_problem() is None and _extension_has(b"HTTP multi_get_parts")
 
 
+def installed_version(*names: str) -> str | None:
+    """The version of the first of the distributions ``names`` that is installed (one
+    package under the names of its builds: ``tensorflow-cpu`` or ``tensorflow``), or None."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 @functools.cache
 def keras3_port() -> bool | None:
     """Whether horovod's Keras API is ported to Keras 3 (this repo's patches
     horovod-*-keras3-*.patch); None where the installed Keras is not 3 (the 2023 line),
     which stock horovod supports."""
-    try:
-        major = int(importlib.metadata.version("keras").split(".")[0])
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    if major < 3:
+    version = installed_version("keras")
+    if version is None or int(version.split(".")[0]) < 3:
         return None
     package_dir = _horovod_dir()
     return package_dir is not None and os.path.exists(

@@ -154,3 +154,8 @@ def test_a_check_without_a_line_names_the_framework_built_with_nccl(monkeypatch,
     _probes(monkeypatch, nccl=23203, gpu_build=True, line="tensorflow")
     assert check_install._gpu_check(gpu=None) == 0
     assert "NCCL 2.32.3 and CUDA (TensorFlow's CUDA 13.0" in capsys.readouterr().out
+
+
+def test_installed_version_takes_the_first_installed_of_the_names():
+    assert build.installed_version("no-such-distribution", "pytest") == pytest.__version__
+    assert build.installed_version("no-such-distribution") is None

@@ -7,7 +7,6 @@ with PyTorch, its peer, with Gloo) is still checked, for each framework installe
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import subprocess
@@ -16,7 +15,7 @@ import sys
 import pytest
 import ray
 
-from horovod_ray.stack.build import _extension, nccl_in_build, nccl_version
+from horovod_ray.stack.build import _extension, installed_version, nccl_in_build, nccl_version
 from test.conftest import ROOT, run_fresh_python, start_local_ray
 
 pytestmark = pytest.mark.gpu_line
@@ -31,12 +30,9 @@ GPU_FRAMEWORK = "torch" if importlib.util.find_spec("torch") else "tensorflow"
 def _nccl_wheel() -> str:
     """The release of the NCCL wheel a GPU line links: CUDA 13's with PyTorch, 12's with
     TensorFlow."""
-    for wheel in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
-        try:
-            return importlib.metadata.version(wheel)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    raise AssertionError("no NCCL wheel is installed")
+    version = installed_version("nvidia-nccl-cu13", "nvidia-nccl-cu12")
+    assert version is not None, "no NCCL wheel is installed"
+    return version
 
 
 @pytest.mark.unit

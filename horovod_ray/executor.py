@@ -15,11 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.checkpoints import store
-from horovod_ray.errors import (
-    ExecutorStateError,
-    interrupt_in,
-    start_error,
-)
+from horovod_ray.errors import ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts
 from horovod_ray.job.lifecycle import (
@@ -320,46 +316,13 @@ class RayExecutor:
         call: calls.Call,
         body: Callable[[kinds.JobKind, Callable[[], bool]], list[Any]],
     ) -> list[Any]:
-        """Admits ``call`` and runs ``body(kind, failing)``; on any failure (a rank's,
-        Ctrl-C, a raising callback: the ranks cannot be left half done) stops the job,
-        which ends FAILED, and re-raises.
-
-        The call counts as in flight from the moment it is admitted (``CallGate``), so
-        that a stop() can never take it for idle. A kind calls ``failing()`` as soon
-        as it knows the call failed, before it looks at the ranks or releases anything:
-        it says whether the failure is this call's (the job moved to STOPPING), not a
-        stop() or another call's failure already under way.
-
-        Raises:
-            ExecutorStateError: The job was stopped (by stop(), or another call's failure)
-                while this call ran.
-        """
+        """Admits ``call`` and runs ``body(kind, failing)`` as one call in flight
+        (``CallGate.run``): on any failure the job is stopped, ends FAILED, and the error
+        is re-raised."""
         kind = self._running(action, call, counted=True)
-        moved = False
-
-        def failing() -> bool:
-            nonlocal moved
-            moved = moved or self._calls.fail()
-            return moved
-
-        try:
-            return body(kind, failing)
-        except BaseException as err:
-            failing()
-            if moved:
-                self._lifecycle.end(lambda: self._release(grace_s=0), ExecutorState.FAILED)
-            interrupt = interrupt_in(err)
-            if interrupt is not None:
-                raise interrupt from None
-            if not moved and not isinstance(err, ExecutorStateError):
-                first_line = str(err).splitlines()[0] if str(err) else ""
-                raise ExecutorStateError(
-                    f"{action} was ended because the job was stopped while it ran (by stop() "
-                    f"or another call's failure): {type(err).__name__}: {first_line}"
-                ) from err
-            raise
-        finally:
-            self._calls.done()
+        return self._calls.run(
+            action, lambda failing: body(kind, failing), lambda: self._release(grace_s=0)
+        )
 
     # ------------------------------------------------------------------------- stop
 

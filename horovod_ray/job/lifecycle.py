@@ -2,7 +2,8 @@
 
 :class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
 elastic run's (:class:`RunState`, in ``elastic_run.ElasticRun``). :class:`CallGate`
-admits the executor's calls while it runs and counts those in flight.
+admits the executor's calls while it runs, counts those in flight, and ends the job when
+one fails.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from horovod_ray.errors import StartCancelledError
+from horovod_ray.errors import ExecutorStateError, StartCancelledError, interrupt_in
+
+T = TypeVar("T")
 
 
 class ExecutorState(enum.Enum):
@@ -181,6 +184,52 @@ class CallGate:
         """A counted call ended."""
         with self._lock:
             self._in_flight -= 1
+
+    def run(
+        self,
+        action: str,
+        body: Callable[[Callable[[], bool]], T],
+        release: Callable[[], None],
+    ) -> T:
+        """Runs ``body(failing)`` for a call :meth:`admit` counted, until :meth:`done`;
+        on any failure (a rank's, Ctrl-C, a raising callback: the ranks cannot be left half
+        done) moves the job to STOPPING, ends it FAILED after ``release()``, and re-raises.
+
+        The call counts as in flight from the moment it was admitted, so that a stop()
+        can never take it for idle. ``body`` calls ``failing()`` as soon as it knows the
+        call failed, before it looks at the ranks or releases anything: it says whether
+        the failure is this call's (the job moved to STOPPING), not a stop() or another
+        call's failure already under way.
+
+        Raises:
+            ExecutorStateError: The job was stopped (by stop(), or another call's failure)
+                while this call ran.
+        """
+        moved = False
+
+        def failing() -> bool:
+            nonlocal moved
+            moved = moved or self.fail()
+            return moved
+
+        try:
+            return body(failing)
+        except BaseException as err:
+            failing()
+            if moved:
+                self._lifecycle.end(release, ExecutorState.FAILED)
+            interrupt = interrupt_in(err)
+            if interrupt is not None:
+                raise interrupt from None
+            if not moved and not isinstance(err, ExecutorStateError):
+                first_line = str(err).splitlines()[0] if str(err) else ""
+                raise ExecutorStateError(
+                    f"{action} was ended because the job was stopped while it ran (by stop() "
+                    f"or another call's failure): {type(err).__name__}: {first_line}"
+                ) from err
+            raise
+        finally:
+            self.done()
 
     def fail(self) -> bool:
         """A call failed: RUNNING -> STOPPING; says whether this moved it (not a stop()

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from horovod_ray.errors import ExecutorStateError
 from horovod_ray.job.lifecycle import FINAL, TRANSITIONS, CallGate, ExecutorState, Lifecycle
 
 pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
@@ -123,3 +124,43 @@ def test_the_call_gate_lets_the_first_failure_or_stop_move_the_job_and_no_other(
     assert gate.fail() is True  # this call's failure stops the job
     assert gate.fail() is False  # another's comes after it
     assert gate.close() == (False, False)  # nothing in flight, and stop() found it moved
+
+
+def _running_gate() -> tuple[Lifecycle, CallGate]:
+    lifecycle = _walk([S.CREATED, S.STARTING, S.RUNNING])
+    gate = CallGate(lifecycle)
+    assert gate.admit(None, counted=True) is S.RUNNING
+    return lifecycle, gate
+
+
+def test_a_call_that_fails_ends_the_job_failed_after_its_release_and_reraises():
+    lifecycle, gate = _running_gate()
+    released, told = [], []
+
+    def body(failing):
+        told.append(failing())  # the call says it failed as soon as it knows
+        raise ValueError("rank 1 raised")
+
+    with pytest.raises(ValueError, match="rank 1 raised"):
+        gate.run("run", body, lambda: released.append(lifecycle.state))
+    assert told == [True] and released == [S.STOPPING] and lifecycle.state is S.FAILED
+    assert gate.close() == (False, False)  # no longer in flight
+
+
+def test_a_call_ended_by_a_stop_says_so_and_does_not_release_again():
+    lifecycle, gate = _running_gate()
+    released = []
+
+    def body(failing):
+        assert gate.close() == (True, True)  # stop() from another thread, mid-call
+        raise RuntimeError("Horovod has been shut down\nmore")
+
+    with pytest.raises(ExecutorStateError, match=r"run was ended because the job was stopped"):
+        gate.run("run", body, lambda: released.append(True))
+    assert released == [] and lifecycle.state is S.STOPPING  # stop() releases, not the call
+
+
+def test_a_call_returns_its_result_and_leaves_the_job_running():
+    lifecycle, gate = _running_gate()
+    assert gate.run("run", lambda failing: [1, 2], lambda: None) == [1, 2]
+    assert lifecycle.state is S.RUNNING and gate.close() == (False, True)

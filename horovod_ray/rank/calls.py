@@ -138,8 +138,8 @@ class Dispatcher:
     """Numbers a job's calls and decides what each one sends.
 
     Thread-safe. The ranks mirror its decisions (see :class:`RankCalls`), so every call
-    that goes to all ranks must go through :meth:`message`, and only calls that completed
-    on every rank may be reported to :meth:`completed`.
+    must go through :meth:`send`, and only calls that completed on every rank may be
+    reported to :meth:`completed`.
     """
 
     def __init__(self, cache_size: int = FN_CACHE_SIZE, cache_bytes: int = FN_CACHE_BYTES):
@@ -164,23 +164,41 @@ class Dispatcher:
                 recipient: nothing to share through the object store).
         """
         with self._lock:
-            self._call_id += 1
-            call_id = self._call_id
-            if not all_ranks:
-                return Message(call_id, False, None, call.fn, call.args)
-            if self._last == (call.fn, call.args, call_id - 1):
-                return Message(call_id, True, None, None, None)
-            key = self._keys.get(call.fn)
-            if key in self._known:
-                return Message(call_id, False, key, None, _stored(call.args))
-            if key is not None:  # sent before, not yet returned everywhere: send it again
-                return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
-            fits = self._cached_bytes + len(call.fn) <= self._cache_bytes
-            if len(self._keys) >= self._cache_size or not fits:
-                return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
-            key = self._keys[call.fn] = len(self._keys) + 1
-            self._cached_bytes += len(call.fn)
+            return self._next(call, all_ranks)
+
+    def send(
+        self, call: Call, workers: Sequence[Any], all_ranks: bool = True, as_raised: bool = False
+    ) -> tuple[Message, list[ray.ObjectRef]]:
+        """Decides what ``call`` sends (see :meth:`message`) and starts it on ``workers``,
+        in one step under the lock: every rank is then sent the calls in the order of their
+        ids. A repeat of call N names call N as it stands in the rank's recent calls, so no
+        later call (a large one, which evicts by bytes) may reach a rank before it.
+
+        Returns:
+            The message, and one ref per worker (see :func:`send`).
+        """
+        with self._lock:
+            message = self._next(call, all_ranks)
+            return message, [send(worker, message, as_raised) for worker in workers]
+
+    def _next(self, call: Call, all_ranks: bool) -> Message:
+        self._call_id += 1
+        call_id = self._call_id
+        if not all_ranks:
+            return Message(call_id, False, None, call.fn, call.args)
+        if self._last == (call.fn, call.args, call_id - 1):
+            return Message(call_id, True, None, None, None)
+        key = self._keys.get(call.fn)
+        if key in self._known:
+            return Message(call_id, False, key, None, _stored(call.args))
+        if key is not None:  # sent before, not yet returned everywhere: send it again
             return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
+        fits = self._cached_bytes + len(call.fn) <= self._cache_bytes
+        if len(self._keys) >= self._cache_size or not fits:
+            return Message(call_id, False, None, _stored(call.fn), _stored(call.args))
+        key = self._keys[call.fn] = len(self._keys) + 1
+        self._cached_bytes += len(call.fn)
+        return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
 
     def completed(self, call: Call, message: Message) -> None:
         """Records that ``message`` returned on every rank: the next one may repeat it, and

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from horovod_ray import ConfigError
+from horovod_ray.rank import calls
 from horovod_ray.rank.calls import Dispatcher, RankCalls, invoke, prepare, prepare_execute
 
 pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
@@ -204,3 +206,51 @@ def test_prepare_names_what_is_wrong(make, parameter):
     with pytest.raises(ConfigError) as info:
         make()
     assert info.value.parameter == parameter
+
+
+class _RecordingWorker:
+    """An actor handle that records what it is sent, in the order it is submitted; a
+    repeat's submission takes ``again_delay_s`` (a thread descheduled mid-send)."""
+
+    def __init__(self, log: list, again_delay_s: float = 0.0) -> None:
+        log_call = log.append
+
+        class Method:
+            def __init__(self, kind: str) -> None:
+                self.kind = kind
+
+            def remote(self, call_id, *rest):
+                if self.kind == "again":
+                    time.sleep(again_delay_s)
+                log_call((self.kind, call_id, rest))
+
+        self.call = Method("call")
+        self.again = Method("again")
+
+
+def test_a_repeat_is_never_overtaken_by_a_later_large_call(monkeypatch):
+    """Thread A repeats the last call, thread B sends a call large enough to evict every
+    older call from a rank's recent ones. B's message used to reach a rank first when A
+    was slow to send (sends ran outside the dispatcher's lock) and the rank failed with
+    "call 3 repeats call 2, which this rank no longer holds"."""
+    monkeypatch.setattr(calls, "RECENT_BYTES", 4096)
+    monkeypatch.setattr(calls, "PUT_ABOVE_BYTES", 1 << 30)  # no object store without Ray
+    dispatcher, log = Dispatcher(), []
+    worker = _RecordingWorker(log, again_delay_s=0.3)
+    small = prepare(add, [1])
+    first, _ = dispatcher.send(small, [worker])
+    dispatcher.completed(small, first)
+    repeat = threading.Thread(target=dispatcher.send, args=(small, [worker]))
+    repeat.start()
+    time.sleep(0.05)  # A holds its message; B's comes next
+    dispatcher.send(prepare(add, [b"x" * 8192, b""]), [worker])
+    repeat.join()
+    assert [(kind, call_id) for kind, call_id, _ in log] == [("call", 1), ("again", 2), ("call", 3)]
+    rank, results = RankCalls(), []
+    for kind, call_id, rest in log:  # what the rank's actor does, in arrival order
+        if kind == "again":
+            function, args = rank.repeat(call_id)
+        else:
+            function, args = rank.resolve(call_id, *rest[:3])
+        results.append(invoke(function, args, None))
+    assert results == [1, 1, b"x" * 8192]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from horovod_ray.checkpoints import spec, store
 from horovod_ray.checkpoints.spec import RunStorage
-from horovod_ray.errors import ConfigError
+from horovod_ray.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     import pyarrow.fs
@@ -23,6 +23,30 @@ def _storage_at(path: object, filesystem: object) -> RunStorage:
     filesystem, run_path = spec.filesystem_of(path, filesystem, parameter="path")
     run_path = run_path.rstrip("/")
     return RunStorage(filesystem, run_path, run_path.rpartition("/")[2])
+
+
+def _require_folder(storage: RunStorage, path: object) -> None:
+    """Raises unless the run's folder is there (as Ray's ``Result.from_path`` does).
+
+    Raises:
+        ConfigError: It does not exist, or is a file.
+        CheckpointError: The storage could not be read.
+    """
+    import pyarrow.fs
+
+    try:
+        kind = storage.filesystem.get_file_info(storage.run_path).type
+    except store.storage_errors() as err:
+        raise CheckpointError(
+            f"could not read {storage.run_path}: {type(err).__name__}: {err}"
+        ) from err
+    if kind != pyarrow.fs.FileType.Directory:
+        what = "is a file" if kind == pyarrow.fs.FileType.File else "does not exist"
+        raise ConfigError(
+            "path",
+            f"path {os.fspath(path)!r} {what}: give a run's folder, storage_path/name as "
+            f"given to run() or create_settings()",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +77,12 @@ class Result:
         ``storage_filesystem``.
 
         Raises:
-            ConfigError: ``path`` or ``storage_filesystem`` is not valid.
+            ConfigError: ``path`` or ``storage_filesystem`` is not valid, or there is no
+                folder at ``path``.
             CheckpointError: The run's folder could not be read.
         """
         storage = _storage_at(path, storage_filesystem)
+        _require_folder(storage, path)
         entries = store.list_entries(storage)
         record = store.read_json(storage, store.METRICS_FILE)
         metrics = record.get("metrics", {}) if isinstance(record, dict) else {}

@@ -53,7 +53,7 @@ class RunStorage:
     num_to_keep: int | None = None
     score_attribute: str | None = None
     score_order: str = "max"
-    # The run folder's URI when the filesystem was read from one (the ranks open it
+    # The URI the filesystem was read from, ``storage_path`` as given (the ranks open it
     # again, with their own credentials); None: the filesystem travels pickled.
     uri: str | None = None
 
@@ -164,11 +164,12 @@ def create(
                 f"storage_filesystem cannot be pickled to send to the ranks: "
                 f"{type(err).__name__}: {err}",
             ) from err
-    uri = None  # a filesystem object (given, or the local one) travels pickled
-    if storage_filesystem is None and "://" in storage_path:
-        # Its query (an S3 region, say) stays at the end, where pyarrow reads it.
-        base, _, query = storage_path.partition("?")
-        uri = f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
+    # A URI travels as the user gave it: the ranks open the same filesystem from it (query
+    # included: an S3 region, an endpoint) and find the run at run_path, which travels
+    # beside it. The name is never put into the URI, where a space, a '%' or a '#' would
+    # not parse, or would cut the query off. A filesystem object (given, or the local
+    # one) travels pickled.
+    uri = storage_path if storage_filesystem is None and "://" in storage_path else None
     return RunStorage(
         filesystem=filesystem,
         run_path=f"{root.rstrip('/')}/{name}",

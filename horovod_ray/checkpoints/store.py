@@ -24,15 +24,15 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from horovod_ray.checkpoints.spec import RunStorage
-from horovod_ray.errors import CheckpointError
+from horovod_ray.errors import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
 
-def _storage_errors() -> tuple[type[BaseException], ...]:
+def storage_errors() -> tuple[type[BaseException], ...]:
     """What a pyarrow filesystem raises when it fails (pyarrow is imported only when a
     storage is used: it adds a quarter of a second to every rank's start)."""
     import pyarrow
@@ -42,6 +42,8 @@ def _storage_errors() -> tuple[type[BaseException], ...]:
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})(\.json)?$")
 METRICS_FILE = "metrics.json"
+# A JSON file being written: its name, a random part, this suffix (see _write_json).
+PARTIAL_SUFFIX = ".partial"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +71,73 @@ def index_of(path: str | None) -> int | None:
     return None if match is None or match.group(2) else int(match.group(1))
 
 
+# ---------------------------------------------------------------------------- metrics
+
+
+def checked_metrics(metrics: object) -> dict:
+    """``metrics`` as a dict, checked: a mapping whose keys, nested mappings' too, are str.
+
+    Raises:
+        ConfigError: Naming the first key that is not a str, by its path.
+    """
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(
+            "metrics",
+            f"report() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
+        )
+    pending = [((), metrics)]
+    seen = set()
+    while pending:
+        path, mapping = pending.pop()
+        if id(mapping) in seen:
+            raise ConfigError("metrics", "metrics holds itself (a dict nested in itself)")
+        seen.add(id(mapping))
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                where = "/".join(path) or "the top level"
+                raise ConfigError(
+                    "metrics",
+                    f"metrics keys must be str, got {key!r} ({type(key).__name__}) at {where}: "
+                    f"name it with a str, e.g. {str(key)!r}",
+                )
+            if isinstance(value, Mapping):
+                pending.append(((*path, key), value))
+    return dict(metrics)
+
+
+def flatten(metrics: Mapping) -> dict:
+    """Nested metrics as one level, their paths joined with "/" (as Ray Train's
+    ``flatten_dict``): ``{"val": {"loss": 0.2}}`` is ``{"val/loss": 0.2}``."""
+    flat = {}
+    for key, value in metrics.items():
+        if isinstance(value, Mapping) and value:
+            for inner, leaf in flatten(value).items():
+                flat[f"{key}/{inner}"] = leaf
+        else:
+            flat[key] = value
+    return flat
+
+
+def plain(metrics: dict) -> dict:
+    """``metrics`` as they will be stored and read back (JSON; see :func:`_plain`).
+
+    Raises:
+        ConfigError: They cannot be stored (a list holding a dict with keys of mixed
+            types, say), with JSON's reason.
+    """
+    try:
+        return json.loads(encoded(metrics))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            "metrics", f"metrics cannot be stored as JSON: {type(err).__name__}: {err}"
+        ) from err
+
+
+def encoded(value: dict) -> bytes:
+    """``value`` as the JSON stored (see :func:`_plain` for values JSON has no type for)."""
+    return json.dumps(value, default=_plain, sort_keys=True).encode()
+
+
 # ------------------------------------------------------------------------ pure choices
 
 
@@ -85,13 +154,15 @@ def next_index(entries: Iterable[Entry]) -> int:
 
 def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[Entry]:
     """Committed checkpoints best first: by ``attribute`` (``order`` "max" or "min"; ones
-    without that metric, or with a value that is not a number, last), else newest first."""
+    without that metric, or with a value that is not a number, last), else newest first.
+    A nested metric is named by its path joined with "/" (``"val/loss"``), as Ray Train
+    flattens them."""
     committed = [entry for entry in entries if entry.committed]
     if attribute is None:
         return sorted(committed, key=lambda entry: -entry.index)
 
     def key(entry: Entry) -> tuple[int, float, int]:
-        value = entry.metrics.get(attribute)
+        value = flatten(entry.metrics).get(attribute)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
             return (1, 0.0, -entry.index)
         return (0, -value if order == "max" else value, -entry.index)
@@ -149,7 +220,7 @@ def list_entries(storage: RunStorage) -> list[Entry]:
     fs, run_path = storage.filesystem, storage.run_path
     try:
         infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
-    except _storage_errors() as err:
+    except storage_errors() as err:
         raise _failed("list the run's folder", run_path, err) from err
     folders, markers = set(), set()
     for info in infos:
@@ -181,7 +252,7 @@ def read_json(storage: RunStorage, name: str) -> Any:
             text = stream.read()
     except FileNotFoundError:
         return None
-    except _storage_errors() as err:
+    except storage_errors() as err:
         raise _failed("read", path, err) from err
     try:
         return json.loads(text.decode())
@@ -189,11 +260,11 @@ def read_json(storage: RunStorage, name: str) -> Any:
         return None
 
 
-def _write_json(storage: RunStorage, name: str, value: dict) -> None:
-    """Writes ``name`` whole or not at all: under a temporary name, then moved."""
+def _write_json(storage: RunStorage, name: str, text: bytes) -> None:
+    """Writes ``name`` (``text``, JSON) whole or not at all: under a temporary name, then
+    moved."""
     path = f"{storage.run_path}/{name}"
-    text = json.dumps(value, default=_plain, sort_keys=True).encode()
-    partial = f"{path}.{uuid.uuid4().hex}.partial"
+    partial = f"{path}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}"
     try:
         with storage.filesystem.open_output_stream(partial) as stream:
             stream.write(text)
@@ -257,6 +328,9 @@ def commit(
     entries = list_entries(storage)
     index = next_index(entries)
     fs, destination = storage.filesystem, checkpoint_path(storage, index)
+    # Encoded before anything is uploaded: metrics that cannot be stored fail here, not
+    # after the files, where they would leave a folder without its marker.
+    marker = encoded({"index": index, "metrics": metrics, "time": time.time()})
     try:
         fs.create_dir(destination, recursive=True)
         pyarrow.fs.copy_files(
@@ -265,9 +339,8 @@ def commit(
             source_filesystem=pyarrow.fs.LocalFileSystem(),
             destination_filesystem=fs,
         )
-        marker = {"index": index, "metrics": metrics, "time": time.time()}
         _write_json(storage, f"{folder_name(index)}.json", marker)
-    except _storage_errors() as err:
+    except storage_errors() as err:
         raise _failed("upload checkpoint to", destination, err) from err
     _remove_unkept(storage, stale_below, protected)
     return index
@@ -281,8 +354,12 @@ def prune(storage: RunStorage) -> None:
 
 def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int | None) -> None:
     """Removes what :func:`to_remove` says (``stale_below`` None: every unfinished
-    folder). A storage that fails here is logged, not raised: the checkpoints that count
-    are already there, and the job's own outcome is what its caller needs."""
+    folder), and the JSON files a killed process left half-written (see
+    :func:`stale_partials`). A storage that fails here is logged, not raised: the
+    checkpoints that count are already there, and the job's own outcome is what its
+    caller needs."""
+    import pyarrow.fs
+
     try:
         entries = list_entries(storage)
         below = next_index(entries) if stale_below is None else stale_below
@@ -295,16 +372,45 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
             protected,
         ):
             remove(storage, index)
+        selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
+        names = [info.base_name for info in storage.filesystem.get_file_info(selector)]
+        for name in stale_partials(names, stale_below):
+            with contextlib.suppress(FileNotFoundError):
+                storage.filesystem.delete_file(f"{storage.run_path}/{name}")
     except Exception as err:  # noqa: BLE001 - any filesystem's error, see above
         logger.warning("the run's old checkpoints were not removed: %s", err)
+
+
+def stale_partials(names: Iterable[str], stale_below: int | None) -> list[str]:
+    """Which of a run folder's ``names`` are JSON files a process left half-written (it
+    was killed while writing one: see :func:`_write_json`).
+
+    While a job runs (``stale_below`` its first number), only markers of checkpoints
+    numbered below it: any other may be this job's, still being written. Once the job
+    has ended (``stale_below`` None), every one.
+
+    Example: with ``stale_below`` 4, ``checkpoint_000002.json.ab12.partial`` goes;
+    ``checkpoint_000005.json.cd34.partial`` and ``metrics.json.ef56.partial`` stay.
+    """
+    stale = []
+    for name in names:
+        if not name.endswith(PARTIAL_SUFFIX):
+            continue
+        target = name[: -len(PARTIAL_SUFFIX)].rpartition(".")[0]  # less the random part
+        match = _NAME.match(target)
+        if target != METRICS_FILE and (match is None or not match.group(2)):
+            continue  # not a name _write_json makes: not ours
+        if stale_below is None or (match is not None and int(match.group(1)) < stale_below):
+            stale.append(name)
+    return stale
 
 
 def write_metrics(storage: RunStorage, metrics: dict) -> None:
     """Records ``metrics`` as the run's last reported ones."""
     try:
         storage.filesystem.create_dir(storage.run_path, recursive=True)
-        _write_json(storage, METRICS_FILE, {"metrics": metrics, "time": time.time()})
-    except _storage_errors() as err:
+        _write_json(storage, METRICS_FILE, encoded({"metrics": metrics, "time": time.time()}))
+    except storage_errors() as err:
         raise _failed("write", f"{storage.run_path}/{METRICS_FILE}", err) from err
 
 
@@ -315,13 +421,13 @@ def remove(storage: RunStorage, index: int) -> None:
         fs.delete_file(f"{path}.json")
     except FileNotFoundError:
         pass
-    except _storage_errors() as err:
+    except storage_errors() as err:
         raise _failed("remove", f"{path}.json", err) from err
     try:
         fs.delete_dir(path)
     except FileNotFoundError:
         pass
-    except _storage_errors() as err:
+    except storage_errors() as err:
         raise _failed("remove", path, err) from err
 
 

@@ -62,6 +62,7 @@ class Uploader:
         self._sequence = 0
         self._written = 0
         self._metrics: tuple[int, dict] | None = None  # a metrics-only report waiting
+        self._unscored_logged = False
         sweep_stale((STAGING_PREFIX,))
         self._thread = threading.Thread(
             target=self._work, name="horovod_ray-checkpoint-upload", daemon=True
@@ -72,9 +73,12 @@ class Uploader:
         """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload.
 
         Raises:
+            ConfigError: ``metrics`` cannot be stored.
             CheckpointError: An earlier upload failed.
         """
         self.raise_failure()
+        metrics = store.plain(metrics)  # refused here, in the caller's thread, if it must be
+        self._check_score(metrics)
         self._slots.acquire()  # released once its upload is done
         staging = None
         try:
@@ -92,14 +96,37 @@ class Uploader:
         self._queue.put((sequence, staging, metrics))
 
     def submit_metrics(self, metrics: dict) -> None:
-        """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one."""
+        """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one.
+
+        Raises:
+            ConfigError: ``metrics`` cannot be stored.
+            CheckpointError: An earlier upload failed.
+        """
         self.raise_failure()
+        metrics = store.plain(metrics)
         with self._lock:
             waiting = self._metrics is not None
             self._sequence += 1
             self._metrics = (self._sequence, metrics)
         if not waiting:
             self._queue.put(_METRICS)
+
+    def _check_score(self, metrics: dict) -> None:
+        """Logs, once, a checkpoint without the metric that ranks checkpoints: it ranks
+        below every scored one, so the keep policy removes it before them."""
+        attribute = self.storage.score_attribute
+        if attribute is None or self._unscored_logged:
+            return
+        flat = store.flatten(metrics)
+        if attribute not in flat:
+            self._unscored_logged = True
+            logger.error(
+                "a checkpoint was reported without %r, the checkpoint_score_attribute "
+                "(reported: %s); it ranks below every checkpoint that has it. Report it "
+                "with every checkpoint (nested metrics are named by their path, 'val/loss')",
+                attribute,
+                sorted(flat),
+            )
 
     def flush(self) -> None:
         """Waits until every queued upload is done.

@@ -39,50 +39,119 @@ _warned = False
 _actor = False
 
 
-def report(metrics: Mapping[str, Any], *, checkpoint: Any = None) -> None:
+def report(
+    metrics: Mapping[str, Any],
+    checkpoint: Any = None,
+    checkpoint_dir_name: str | None = None,
+    checkpoint_upload_mode: Any = None,
+    delete_local_checkpoint_after_upload: bool | None = None,
+    checkpoint_upload_fn: Any = None,
+    validation: Any = False,
+) -> None:
     """Reports metrics, and optionally a checkpoint, from a rank (as ``ray.train.report``).
 
     Rank 0's metrics go to the driver's callbacks (as ``log()``'s) and, with a storage
     path, become the run's last metrics; its checkpoint is copied at once (the folder may
     be deleted when this returns) and uploaded to ``storage_path/name`` beside training.
-    Other ranks' reports are dropped.
+    Other ranks' reports are dropped. The parameters are ``ray.train.report``'s (Ray
+    2.60); those this package does not honour yet are refused when given.
 
     Args:
-        metrics: Values keyed by name, e.g. ``{"epoch": 3, "loss": 0.2}``; stored as JSON
+        metrics: Values keyed by name (str), e.g. ``{"epoch": 3, "loss": 0.2}``, or
+            nested (``{"val": {"loss": 0.2}}``, scored as ``"val/loss"``); stored as JSON
             (values that are not JSON are stored as their ``repr``).
         checkpoint: A ``ray.train.Checkpoint``, e.g.
             ``Checkpoint.from_directory(folder)``.
+        checkpoint_dir_name: Refused: checkpoints are named by their number
+            (``checkpoint_000003``).
+        checkpoint_upload_mode: None (the default) returns once the checkpoint is copied
+            locally and uploads it beside training; ``CheckpointUploadMode.SYNC`` returns
+            once it is committed; ``ASYNC`` is the default's behaviour; ``NO_UPLOAD`` is
+            refused.
+        delete_local_checkpoint_after_upload: None or False: the checkpoint's own folder
+            is never deleted (it is copied before ``report`` returns). True is refused.
+        checkpoint_upload_fn: Refused: the upload is this package's (pyarrow's copy).
+        validation: Refused when true: Ray Train's validation tasks are not supported.
 
     Raises:
-        ConfigError: ``metrics`` is not a mapping, or ``checkpoint`` not a Checkpoint.
+        ConfigError: ``metrics`` is not a mapping with str keys, ``checkpoint`` not a
+            Checkpoint, or a parameter that is refused, named.
         CheckpointError: An earlier upload failed, or the storage cannot be read.
     """
-    if not isinstance(metrics, Mapping):
-        raise ConfigError(
-            "metrics",
-            f"report() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
-        )
+    metrics = store.checked_metrics(metrics)
     if checkpoint is not None and not hasattr(checkpoint, "as_directory"):
         raise ConfigError(
             "checkpoint",
             f"checkpoint must be a ray.train.Checkpoint (Checkpoint.from_directory(folder)), "
             f"got {type(checkpoint).__name__}",
         )
+    sync = _upload_options(
+        checkpoint_dir_name,
+        checkpoint_upload_mode,
+        delete_local_checkpoint_after_upload,
+        checkpoint_upload_fn,
+        validation,
+    )
     if _tune_session is not None:
-        _tune_session.report(dict(metrics), checkpoint=checkpoint)
+        _tune_session.report(metrics, checkpoint=checkpoint)
         return
     if logs._rank_now() != 0:
         return
-    logs.post(dict(metrics))
+    logs.post(metrics)
     uploader = _rank_uploader()
     if uploader is None:
         if checkpoint is not None:
             _warn_once()
         return
     if checkpoint is None:
-        uploader.submit_metrics(dict(metrics))
+        uploader.submit_metrics(metrics)
     else:
-        uploader.submit(dict(metrics), checkpoint)
+        uploader.submit(metrics, checkpoint)
+        if sync:
+            uploader.flush()
+
+
+def _upload_options(
+    dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any, validation: Any
+) -> bool:
+    """Checks ``ray.train.report``'s upload parameters; whether the upload is synchronous.
+
+    Raises:
+        ConfigError: A parameter this package does not honour, named, with what to do.
+    """
+    refused = (
+        (
+            "checkpoint_dir_name",
+            dir_name is not None,
+            "checkpoints are named by their number (checkpoint_000003); leave it out",
+        ),
+        (
+            "delete_local_checkpoint_after_upload",
+            delete_local not in (None, False),
+            "report() copies the checkpoint before it returns and never deletes your folder: "
+            "delete it yourself once report() returns",
+        ),
+        (
+            "checkpoint_upload_fn",
+            upload_fn is not None,
+            "the upload is pyarrow's copy to "
+            "storage_path; give storage_filesystem for a filesystem of your own",
+        ),
+        ("validation", bool(validation), "Ray Train's validation tasks are not supported"),
+    )
+    for name, given, remedy in refused:
+        if given:
+            raise ConfigError(name, f"report() does not support {name}: {remedy}")
+    if mode is None:
+        return False
+    value = getattr(mode, "value", mode)
+    if value not in ("SYNC", "ASYNC"):
+        raise ConfigError(
+            "checkpoint_upload_mode",
+            f"checkpoint_upload_mode must be CheckpointUploadMode.SYNC or ASYNC, got {mode!r} "
+            f"(NO_UPLOAD is not supported: leave the checkpoint out instead)",
+        )
+    return value == "SYNC"
 
 
 def get_checkpoint() -> Any:

@@ -163,3 +163,60 @@ def test_an_elastic_jobs_reports_persist_and_its_next_run_resumes(ray_4cpu, no_l
     assert horovod_ray.run(_elastic_steps, args=[3], max_workers=2, **storage) == [0, 0]
     assert horovod_ray.run(_elastic_steps, args=[5], max_workers=2, **storage) == [3, 3]
     assert _steps(Result.from_path(f"{tmp_path}/elastic")) == [1, 2, 3, 4, 5]
+
+
+def _reports_as_ray_train_makes_them(run_path: str) -> dict:
+    """Ray Train 2.60's report(): the checkpoint positional, nested metrics, a bad metric
+    refused without harm to the next report, and a synchronous upload."""
+    import tempfile
+
+    from horovod_ray import ConfigError
+
+    def checkpoint(folder: str) -> Checkpoint:
+        with open(os.path.join(folder, "model"), "w") as handle:
+            handle.write("weights")
+        return Checkpoint.from_directory(folder)
+
+    for epoch, loss in enumerate([0.5, 0.1, 0.9]):
+        with tempfile.TemporaryDirectory() as folder:
+            horovod_ray.report({"epoch": epoch, "val": {"loss": loss}}, checkpoint(folder))
+    try:
+        horovod_ray.report({"epoch": 3, 0: "per-class"})
+        refused = ""
+    except ConfigError as err:
+        refused = str(err)
+    with tempfile.TemporaryDirectory() as folder:
+        horovod_ray.report(
+            {"epoch": 3, "val": {"loss": 0.7}}, checkpoint(folder), checkpoint_upload_mode="SYNC"
+        )
+        committed = os.path.exists(f"{run_path}/checkpoint_000004.json")
+    return {"refused": refused, "committed_on_return": committed}
+
+
+def test_report_takes_ray_trains_arguments_and_scores_nested_metrics(ray_4cpu, no_leaks, tmp_path):
+    (tmp_path / "run").mkdir()
+    # What a process killed while writing a marker leaves; removed when the job ends.
+    (tmp_path / "run" / "checkpoint_000001.json.0a1b.partial").write_text('{"ind')
+    [facts] = horovod_ray.run(
+        _reports_as_ray_train_makes_them,
+        args=[f"{tmp_path}/run"],
+        num_slots=1,
+        storage_path=str(tmp_path),
+        name="run",
+        checkpoint_config=CheckpointConfig(1, "val/loss", "min"),
+    )
+    assert facts == {
+        "refused": "metrics keys must be str, got 0 (int) at the top level: name it with a "
+        "str, e.g. '0'",
+        "committed_on_return": True,
+    }
+    # The best by val/loss (epoch 1) and the latest stay.
+    result = Result.from_path(f"{tmp_path}/run")
+    assert [m["epoch"] for _, m in result.best_checkpoints] == [1, 3]
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "checkpoint_000002",
+        "checkpoint_000002.json",
+        "checkpoint_000004",
+        "checkpoint_000004.json",
+        "metrics.json",
+    ]

@@ -55,6 +55,60 @@ def test_to_remove(entries, keep, attribute, order, committing, removed):
     assert store.to_remove(entries, keep, attribute, order, committing) == removed
 
 
+def test_a_nested_score_ranks_by_its_path_as_ray_train_flattens_it():
+    """Scored as "val/loss", {"val": {"loss": x}} counted as unscored: the keep policy
+    kept the newest and removed the best."""
+    entries = [
+        Entry(index, True, {"val": {"loss": loss}, "epoch": index})
+        for index, loss in enumerate([0.5, 0.1, 0.9, 0.7], start=1)
+    ]
+    assert store.to_remove(entries, 1, "val/loss", "min", 5) == [1, 3]
+    assert store.flatten({"a": {"b": {"c": 1}, "d": 2}, "e": {}}) == {"a/b/c": 1, "a/d": 2, "e": {}}
+
+
+@pytest.mark.parametrize(
+    "names, stale_below, removed",
+    [
+        # While a job runs: an earlier job's markers only; this job's may be in writing.
+        (
+            ["checkpoint_000002.json.ab12.partial", "checkpoint_000005.json.cd34.partial"],
+            4,
+            ["checkpoint_000002.json.ab12.partial"],
+        ),
+        (["metrics.json.ef56.partial"], 4, []),
+        # Once it has ended: every one of ours, and nothing that is not.
+        (
+            ["checkpoint_000005.json.cd34.partial", "metrics.json.ef56.partial"],
+            None,
+            ["checkpoint_000005.json.cd34.partial", "metrics.json.ef56.partial"],
+        ),
+        (["model.partial", "checkpoint_000001.partial", "notes.json.ab.partial"], None, []),
+    ],
+)
+def test_stale_partials(names, stale_below, removed):
+    assert store.stale_partials(names, stale_below) == removed
+
+
+def test_a_marker_left_half_written_is_removed_when_the_job_ends(tmp_path):
+    """A process killed while writing a marker left checkpoint_N.json.HEX.partial for
+    good: nothing ever removed it."""
+    storage = spec.create(str(tmp_path), "run")
+    store.commit(storage, str(_folder(tmp_path, "c1", "1").path), {"step": 1})
+    earlier = tmp_path / "run" / "checkpoint_000001.json.ffff.partial"
+    left = tmp_path / "run" / "checkpoint_000007.json.0a1b.partial"
+    for path in (earlier, left):
+        path.write_text('{"ind')
+    store.commit(storage, str(_folder(tmp_path, "c2", "2").path), {"step": 2}, stale_below=2)
+    assert (earlier.exists(), left.exists()) == (False, True)  # 7 may be this job's, in writing
+    store.prune(storage)
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "checkpoint_000001",
+        "checkpoint_000001.json",
+        "checkpoint_000002",
+        "checkpoint_000002.json",
+    ]
+
+
 def test_the_checkpoint_a_job_started_from_stays_while_it_runs():
     entries = _entries(0.5, 0.2, 0.9, 0.7)
     assert store.to_remove(entries, 1, None, "max", 4, protected=2) == [1, 3]
@@ -232,8 +286,17 @@ def test_a_failed_upload_is_raised_by_the_next_report_and_by_flush(tmp_path):
         uploader.submit({}, _folder(tmp_path, "c3", "3"))
 
 
-def test_a_run_folder_that_is_not_there_reads_as_empty(tmp_path):
-    result = Result.from_path(f"{tmp_path}/nothing")
+def test_a_run_folder_that_is_not_there_is_an_error_naming_it(tmp_path):
+    """It read as an empty Result (a typo in a path looked like a run with nothing);
+    Ray's Result.from_path raises."""
+    with pytest.raises(ConfigError, match=r"path '.*/nothing' does not exist") as raised:
+        Result.from_path(f"{tmp_path}/nothing")
+    assert raised.value.parameter == "path"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"path '.*/file' is a file"):
+        Result.from_path(f"{tmp_path}/file")
+    (tmp_path / "empty").mkdir()  # a run that has reported nothing yet
+    result = Result.from_path(f"{tmp_path}/empty")
     assert (result.metrics, result.checkpoint, result.best_checkpoints) == ({}, None, [])
 
 
@@ -333,3 +396,62 @@ def test_staging_that_fails_gives_its_room_back(tmp_path, monkeypatch):
     uploader.submit({"step": 1}, _folder(tmp_path, "last", "x"))  # would wait for good
     uploader.flush()
     assert [e.metrics for e in store.list_entries(uploader.storage)] == [{"step": 1}]
+
+
+def test_metrics_that_cannot_be_stored_are_refused_at_report_and_poison_nothing(tmp_path):
+    """A metric keyed by an int used to pass report(), then fail the marker's JSON after
+    the upload (a bare TypeError): a folder without its marker, and every later
+    checkpoint refused as "checkpoint upload failed"."""
+    with pytest.raises(ConfigError, match=r"keys must be str, got 1 \(int\) at the top level"):
+        report.report({"loss": 0.5, 1: 2}, _folder(tmp_path, "c0", "0"))
+    with pytest.raises(ConfigError, match=r"got 2 \(int\) at val"):
+        report.report({"val": {"loss": 0.1, 2: 3}})
+    uploader = upload.Uploader(spec.create(str(tmp_path), "run"))
+    for step, metrics in enumerate([{"loss": 0.5, 1: 2}, {"per_class": [{1: 0.5, "a": 0.2}]}]):
+        with pytest.raises(ConfigError, match="cannot be stored as JSON"):
+            uploader.submit(metrics, _folder(tmp_path, f"c{step + 1}", "1"))
+    uploader.submit({"loss": 0.4}, _folder(tmp_path, "c3", "3"))
+    uploader.flush()
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        "checkpoint_000001",
+        "checkpoint_000001.json",
+        "metrics.json",
+    ]
+
+
+def test_a_checkpoint_without_the_score_attribute_is_logged_once_and_never_beats_one_with_it(
+    tmp_path, caplog
+):
+    storage = spec.create(str(tmp_path), "run", CheckpointConfig(1, "val/loss", "min"))
+    uploader = upload.Uploader(storage)
+    with caplog.at_level(logging.ERROR, logger=upload.__name__):
+        uploader.submit({"val": {"loss": 0.2}}, _folder(tmp_path, "c1", "1"))
+        for step in (2, 3):
+            uploader.submit({"step": step}, _folder(tmp_path, f"c{step}", str(step)))
+        uploader.flush()
+    assert [r.message for r in caplog.records] == [
+        "a checkpoint was reported without 'val/loss', the checkpoint_score_attribute "
+        "(reported: ['step']); it ranks below every checkpoint that has it. Report it with "
+        "every checkpoint (nested metrics are named by their path, 'val/loss')"
+    ]
+    # The scored one and the latest stay; the unscored one between them goes.
+    assert [m for _, m in Result.from_path(f"{tmp_path}/run").best_checkpoints] == [
+        {"val": {"loss": 0.2}},
+        {"step": 3},
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, parameter",
+    [
+        ({"checkpoint_dir_name": "epoch_3"}, "checkpoint_dir_name"),
+        ({"delete_local_checkpoint_after_upload": True}, "delete_local_checkpoint_after_upload"),
+        ({"checkpoint_upload_fn": lambda c, d: c}, "checkpoint_upload_fn"),
+        ({"validation": True}, "validation"),
+        ({"checkpoint_upload_mode": "NO_UPLOAD"}, "checkpoint_upload_mode"),
+    ],
+)
+def test_report_refuses_ray_trains_parameters_it_does_not_honour(tmp_path, kwargs, parameter):
+    with pytest.raises(ConfigError, match=f"{parameter}") as raised:
+        report.report({"loss": 1.0}, _folder(tmp_path, "c", "x"), **kwargs)
+    assert raised.value.parameter == parameter

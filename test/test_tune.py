@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,6 +140,7 @@ def checkpointed_sum(config):
         if config.get("die_once") and checkpoint is None and step == 3 and hvd.rank() == 1:
             os.kill(os.getpid(), signal.SIGKILL)  # die once, on the first attempt
         state += float(hvd.allreduce(torch.tensor(float(hvd.rank() + step)), op=hvd.Sum))
+        time.sleep(config.get("step_s", 0))
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, "state.json"), "w") as handle:
                 json.dump({"state": state, "step": step + 1}, handle)
@@ -363,7 +366,7 @@ def test_ranks_session_is_what_ray_tune_reads(tmp_path):
 
     (tmp_path / "weights.txt").write_text("w=3")
     packed = rank_session.pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
-    session = rank_session.RankSession(0, packed, {"trial_name": "t0"})
+    session = rank_session.RankSession(0, packed, rank_session.TrialFacts(trial_name="t0"))
     rank_session.install_session(session)
     try:
         restored = tune.get_checkpoint()
@@ -397,7 +400,8 @@ def test_a_stopped_trials_restored_copies_are_removed_by_the_next_trial(ray_4cpu
     stopped.start()
     try:
         stopped.run_remote(
-            rank_session.rank_main, args=[_restore_and_wait, {"out": str(tmp_path)}, packed, {}]
+            rank_session.rank_main,
+            args=[_restore_and_wait, {"out": str(tmp_path)}, packed, rank_session.TrialFacts()],
         )
         outs = [tmp_path / "copy-0", tmp_path / "copy-1"]
         assert wait_until(lambda: all(p.exists() for p in outs), timeout_s=60)
@@ -407,7 +411,9 @@ def test_a_stopped_trials_restored_copies_are_removed_by_the_next_trial(ray_4cpu
         stopped.stop()  # as Tune's cleanup() does: the ranks are killed mid-trial
     assert all(copy.exists() for copy in copies)  # nothing could remove them then
     with RayExecutor(settings, num_workers=2) as next_trial:
-        next_trial.run(rank_session.rank_main, args=[lambda config: None, {}, None, {}])
+        next_trial.run(
+            rank_session.rank_main, args=[lambda config: None, {}, None, rank_session.TrialFacts()]
+        )
     assert not any(copy.exists() for copy in copies)
 
 
@@ -431,3 +437,264 @@ def _dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+def _our_copies() -> set[str]:
+    """The checkpoint copies (restored on a rank, on their way to Tune) in the temporary
+    folder now."""
+    from horovod_ray.tune.session import FORWARDED_PREFIX, RESTORED_PREFIX
+
+    return {
+        name
+        for name in os.listdir(tempfile.gettempdir())
+        if name.startswith((RESTORED_PREFIX, FORWARDED_PREFIX))
+    }
+
+
+def _copy_pid(name: str) -> int:
+    from horovod_ray.tune.session import FORWARDED_PREFIX, RESTORED_PREFIX
+
+    prefix = RESTORED_PREFIX if name.startswith(RESTORED_PREFIX) else FORWARDED_PREFIX
+    return int(name[len(prefix) :].split("-", 1)[0])
+
+
+def _context_facts() -> dict:
+    """What ``ray.tune.get_context()`` says here, as JSON."""
+    import warnings
+
+    context = tune.get_context()
+    storage = context.get_storage()
+    resources = context.get_trial_resources()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Tune deprecates the rank methods
+        ranks = [
+            context.get_world_size(),
+            context.get_world_rank(),
+            context.get_local_rank(),
+            context.get_local_world_size(),
+            context.get_node_rank(),
+        ]
+    return {
+        "trial_name": context.get_trial_name(),
+        "trial_id": context.get_trial_id(),
+        "trial_resources": [resources.bundles, resources.strategy],
+        "trial_dir": context.get_trial_dir(),
+        "experiment_name": context.get_experiment_name(),
+        "storage": [
+            storage.storage_fs_path,
+            storage.experiment_fs_path,
+            storage.trial_fs_path,
+            storage.trial_driver_staging_path,
+        ],
+        "ranks": ranks,
+    }
+
+
+def _recording(trainable: type) -> type:
+    """``trainable``, whose actor writes its pid and its own Tune context to
+    ``config["out"]`` as each trial starts there."""
+
+    class Recording(trainable):
+        def setup(self, config):
+            super().setup(config)
+            out = Path(config["out"])
+            (out / "pids").mkdir(exist_ok=True)
+            (out / "pids" / str(os.getpid())).touch()
+            facts = _context_facts()
+            (out / f"actor-{facts['trial_id']}.json").write_text(json.dumps(facts))
+
+    return Recording
+
+
+def fast_large_checkpoints(config):
+    """Rank 0 reports 4 MB checkpoints as fast as it can and writes, after each report()
+    returns, whether that checkpoint was in the trial's storage by then."""
+    import tempfile
+
+    hvd = _hvd()
+    storage = Path(config["storage"])
+    for k in range(config["reports"]):
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, "blob.bin").write_bytes(os.urandom(4 << 20))
+            tune.report({"k": k}, checkpoint=tune.Checkpoint.from_directory(directory))
+        if hvd.rank() == 0:
+            persisted = any(storage.glob(f"*/*/checkpoint_{k:06d}/blob.bin"))
+            with open(config["out"], "a") as out:
+                out.write(f"{k} {int(persisted)}\n")
+
+
+def test_report_returns_once_tune_has_the_checkpoint(ray_4cpu, tmp_path):
+    """Reports wait as Ray's own do: rank 0 holds one checkpoint at a time, and one that
+    report() returned from is in the trial's storage, also when Tune stops the trial."""
+    out = tmp_path / "returned.txt"
+    storage = tmp_path / "storage"
+    trainable = DistributedTrainableCreator(fast_large_checkpoints, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        param_space={"reports": 8, "storage": str(storage), "out": str(out)},
+        run_config=tune.RunConfig(
+            name="backpressure",
+            storage_path=str(storage),
+            verbose=0,
+            stop={"training_iteration": 3},
+        ),
+    ).fit()
+    assert results.num_errors == 0
+    assert results[0].metrics["training_iteration"] == 3
+    returned = [line.split() for line in out.read_text().splitlines()]
+    assert returned, "no report() returned"
+    # Every report() that returned had its checkpoint persisted; none ran ahead of Tune.
+    assert returned == [[str(k), "1"] for k in range(len(returned))]
+    assert len(returned) <= 4
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def context_on_ranks(config):
+    hvd = _hvd()
+    Path(config["out"], f"rank-{hvd.rank()}.json").write_text(json.dumps(_context_facts()))
+    tune.report({"ok": 1})
+
+
+def test_ranks_see_the_trials_tune_context(ray_4cpu, tmp_path):
+    trainable = _recording(DistributedTrainableCreator(context_on_ranks, num_slots=2))
+    results = tune.Tuner(
+        trainable,
+        param_space={"out": str(tmp_path)},
+        run_config=tune.RunConfig(name="context", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 0, results.errors
+    (actor,) = tmp_path.glob("actor-*.json")
+    expected = json.loads(actor.read_text())
+    assert expected["trial_id"] == results[0].metrics["trial_id"]
+    assert expected["storage"][2] == results[0].path
+    assert expected["experiment_name"] == "context"
+    assert expected["trial_name"] and expected["trial_dir"]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank-{rank}.json").read_text()) == expected
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def _linked_folder(root: Path) -> Path:
+    """A folder laid out as Hugging Face's cache: its files are links to blobs outside
+    it, one relative, one absolute, one to a folder."""
+    (root / "blobs" / "tokenizer").mkdir(parents=True)
+    (root / "blobs" / "abc123").write_text("weights")
+    (root / "blobs" / "tokenizer" / "vocab.txt").write_text("vocab")
+    snapshot = root / "snapshots" / "main"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.bin").symlink_to("../../blobs/abc123")
+    (snapshot / "config.json").symlink_to(root / "blobs" / "abc123")
+    (snapshot / "tokenizer").symlink_to(root / "blobs" / "tokenizer")
+    return snapshot
+
+
+def _read_linked(directory: str) -> list[str]:
+    folder = Path(directory)
+    return [
+        (folder / "model.bin").read_text(),
+        (folder / "config.json").read_text(),
+        (folder / "tokenizer" / "vocab.txt").read_text(),
+    ]
+
+
+def linked_checkpoint(config):
+    """Rank 0 reports a checkpoint of links out of its folder; rank 1 dies once after it.
+    Restored, every rank reads the files."""
+    import torch
+
+    hvd = _hvd()
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        folder = _linked_folder(Path(config["out"], f"cache-{os.getpid()}"))
+        tune.report({"restored": ""}, checkpoint=tune.Checkpoint.from_directory(str(folder)))
+        if hvd.rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(torch.tensor(1.0))  # fails on rank 0: the trial restores
+        return
+    with checkpoint.as_directory() as directory:
+        read = _read_linked(directory)
+    tune.report({"restored": json.dumps(hvd.allgather_object(read))})
+
+
+def test_a_checkpoint_of_links_out_of_its_folder_is_reported_and_restored(ray_4cpu, tmp_path):
+    trainable = DistributedTrainableCreator(linked_checkpoint, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        param_space={"out": str(tmp_path)},
+        run_config=tune.RunConfig(
+            name="links",
+            storage_path=str(tmp_path),
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    assert results.num_errors == 0, results.errors
+    restored = json.loads(results[0].metrics["restored"])
+    assert restored == [["weights", "weights", "vocab"]] * 2
+    assert wait_until(lambda: alive_actors() == [])
+
+
+def _read_restored(config):
+    checkpoint = tune.get_checkpoint()
+    with checkpoint.as_directory() as directory:
+        read = _read_linked(directory)
+    Path(config["out"], f"rank-{os.environ['HOROVOD_RANK']}.json").write_text(json.dumps(read))
+
+
+def test_a_restored_checkpoint_of_links_out_of_its_folder_reaches_every_rank(ray_4cpu, tmp_path):
+    """The trial's restored checkpoint goes to the ranks as rank 0's goes to the trial:
+    links out of the folder are followed (as the storage path's copy does)."""
+    from horovod_ray import RayExecutor
+    from horovod_ray.tune import session as rank_session
+
+    folder = _linked_folder(tmp_path / "cache")
+    packed = rank_session.pack_checkpoint(tune.Checkpoint.from_directory(str(folder)))
+    settings = RayExecutor.create_settings(timeout_s=60)
+    with RayExecutor(settings, num_workers=2) as executor:
+        executor.run(
+            rank_session.rank_main,
+            args=[_read_restored, {"out": str(tmp_path)}, packed, rank_session.TrialFacts()],
+        )
+    for rank in (0, 1):
+        read = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert read == ["weights", "weights", "vocab"]
+
+
+def slow_checkpointed_sum(config):
+    """checkpointed_sum, a step every 0.3 s; each rank writes its pid to
+    ``config["out"]/pids``."""
+    Path(config["out"], "pids", str(os.getpid())).touch()
+    checkpointed_sum({**config, "step_s": 0.3})
+
+
+def test_no_checkpoint_copies_are_left_when_fit_returns(ray_4cpu, tmp_path):
+    """Trials paused and restored by PBT, then stopped mid-training: their ranks are
+    killed while they hold their restored copies, and no later trial starts."""
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    before = _our_copies()
+    (tmp_path / "pids").mkdir()
+    trainable = _recording(DistributedTrainableCreator(slow_checkpointed_sum, num_slots=2))
+    scheduler = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        hyperparam_mutations={"unused": [1, 2]},
+        quantile_fraction=0.5,
+        synch=True,
+        metric="state",
+        mode="max",
+    )
+    results = tune.Tuner(
+        trainable,
+        param_space={"steps": 6, "unused": tune.choice([1, 2]), "out": str(tmp_path)},
+        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler),
+        run_config=tune.RunConfig(
+            name="copies", storage_path=str(tmp_path), verbose=0, stop={"training_iteration": 3}
+        ),
+    ).fit()
+    assert results.num_errors == 0, results.errors
+    assert any(max(r.metrics["resumed_from"]) > 0 for r in results)  # some trial restored
+    ours = {int(p.name) for p in (tmp_path / "pids").iterdir()}
+    left = {name for name in _our_copies() - before if _copy_pid(name) in ours}
+    assert left == set()
+    assert wait_until(lambda: alive_actors() == [])

@@ -4,6 +4,11 @@ On the rank, :func:`log` queues a dict in rank 0's :class:`LogChannel` (other ra
 it, so training code needs no rank check). On the driver, :func:`collect` long-polls rank
 0's channel (``Worker.next_logs``, in the actor's control group, so it answers while user
 code runs) and hands each dict to the callbacks while the call is still running.
+
+``log()`` does not wait. :func:`post_and_wait_delivered` (a Tune trial's reports) waits
+until the driver's callbacks have returned from its item: :func:`collect` hands a poll's
+items to the callbacks before it sends the next poll, so the next poll proves them
+delivered.
 """
 
 from __future__ import annotations
@@ -24,6 +29,15 @@ LOG_POLL_S = 5.0
 CHECK_S = 0.1
 
 
+class _Delivery:
+    """An item's poster waits for this: set once the driver has delivered the item."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+
 class LogChannel:
     """Dicts logged by user code on rank 0, waiting for the driver to collect them.
 
@@ -31,27 +45,42 @@ class LogChannel:
     call ``n`` never returns what an earlier call left behind (those had no callbacks to
     go to). The poll for call ``n`` returns at once when call ``n`` has finished, so the
     last dicts never wait for the poll to time out.
+
+    An item put with :meth:`put_and_wait_delivered` carries a :class:`_Delivery`: the
+    poll that hands it to the driver keeps it, and the driver's next poll for the same
+    call marks it done (the driver delivers a poll's items before it polls again).
     """
 
     def __init__(self) -> None:
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque = collections.deque()  # (call, item, delivery)
         self._ready = threading.Condition()
         self._current_call = 0
         self._finished_call = 0
+        # Per call: the deliveries the last poll handed to the driver, not yet done.
+        self._handed: dict[int, list[_Delivery]] = {}
 
     def begin(self, call_id: int) -> None:
         with self._ready:
             self._current_call = call_id
+            # An earlier call's last items were never polled for again: nobody waits on them.
+            self._handed = {}
 
     def end(self, call_id: int) -> None:
         with self._ready:
             self._finished_call = max(self._finished_call, call_id)
             self._ready.notify_all()
 
-    def put(self, item: dict) -> None:
+    def put(self, item: object, delivery: _Delivery | None = None) -> None:
         with self._ready:
-            self._items.append((self._current_call, item))
+            self._items.append((self._current_call, item, delivery))
             self._ready.notify_all()
+
+    def put_and_wait_delivered(self, item: object) -> None:
+        """Puts ``item``, then waits until the driver has delivered it."""
+        delivery = _Delivery()
+        self.put(item, delivery)
+        with self._ready:
+            self._ready.wait_for(lambda: delivery.done)
 
     def wait_taken(self) -> None:
         """Waits until the driver has taken every item."""
@@ -60,16 +89,24 @@ class LogChannel:
 
     def take(self, call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
         with self._ready:
+            # This poll proves that the driver delivered what its last one took.
+            for delivery in self._handed.pop(call_id, ()):
+                delivery.done = True
+            self._ready.notify_all()
             self._ready.wait_for(
                 lambda: (
-                    self._finished_call >= call_id or any(tag == call_id for tag, _ in self._items)
+                    self._finished_call >= call_id
+                    or any(tag == call_id for tag, _, _ in self._items)
                 ),
                 timeout=timeout_s,
             )
-            items = [item for tag, item in self._items if tag == call_id]
-            self._items = collections.deque((t, i) for t, i in self._items if t > call_id)
+            taken = [(item, d) for tag, item, d in self._items if tag == call_id]
+            self._items = collections.deque(entry for entry in self._items if entry[0] > call_id)
+            handed = [delivery for _, delivery in taken if delivery is not None]
+            if handed:
+                self._handed[call_id] = handed
             self._ready.notify_all()  # for wait_taken
-            return items, self._finished_call >= call_id
+            return [item for item, _ in taken], self._finished_call >= call_id
 
 
 # Set in a worker process once its rank is known; None in the driver and on other ranks.
@@ -115,6 +152,19 @@ def post(item: object) -> None:
     channel = _channel
     if channel is not None and (not _elastic or _rank_now() == 0):
         channel.put(item)
+
+
+def post_and_wait_delivered(item: object) -> None:
+    """As :func:`post`, then waits until the driver's callbacks have returned from
+    ``item``: at most one item is in flight, however fast the caller posts.
+
+    Only for a call whose driver collects rank 0's items (a call given callbacks): else
+    nothing delivers it, and the caller waits until the job is stopped. A driver whose
+    callback raised stops polling, and the job is then stopped with the caller in here.
+    """
+    channel = _channel
+    if channel is not None and (not _elastic or _rank_now() == 0):
+        channel.put_and_wait_delivered(item)
 
 
 def post_and_wait(item: object) -> None:
@@ -201,6 +251,7 @@ def collect(
             items, finished = ray.get(poll)
             for item in items:
                 deliver(item)
+            # Only now: this poll tells rank 0 that those items were delivered.
             poll = rank0.next_logs.remote(call_id, 0 if finished else LOG_POLL_S)
         elif ready:
             pending = [ref for ref in pending if ref != ready[0]]
@@ -237,7 +288,9 @@ def remaining(rank0: Any, poll: ray.ObjectRef | None, call_id: int) -> list[dict
 
     Rank 0 has queued all it will log for the call by then: the poll in flight answers
     at once, with dicts it may already hold, and one more without waiting takes any that
-    came after it.
+    came after it. That one comes before the first's dicts are delivered, which would
+    tell a poster waiting for them that they were (see LogChannel): none waits, since
+    the call has returned.
     """
     items, finished = ray.get(poll)
     if not finished:

@@ -7,12 +7,14 @@ How a trial runs:
   RayExecutor places its ranks inside that group.
 * Its ranks run the function under a Tune session of their own (``session``).
 * The job is stopped when the trial fails, is stopped by a scheduler or paused, and when
-  Tune stops the trial's actor. A trial that finishes leaves its job running, idle, for
-  the next trial on the same actor: with ``TuneConfig(reuse_actors=True)`` Tune hands a
-  finished trial's actor (and its placement group) to the next trial, whose ranks then
-  have the framework imported and Horovod joined already. ``hvd.init()`` on a rank that
-  is still initialised does nothing; after ``hvd.shutdown()`` it joins again. A warm job
-  is checked with one no-op call before a trial uses it, and replaced if that fails.
+  Tune stops the trial's actor; then its ranks' copies of the restored checkpoint are
+  removed (a rank killed mid-trial cannot remove its own). A trial that finishes leaves
+  its job running, idle, for the next trial on the same actor: with
+  ``TuneConfig(reuse_actors=True)`` Tune hands a finished trial's actor (and its placement
+  group) to the next trial, whose ranks then have the framework imported and Horovod
+  joined already. ``hvd.init()`` on a rank that is still initialised does nothing; after
+  ``hvd.shutdown()`` it joins again. A warm job is checked with one no-op call before a
+  trial uses it, and replaced if that fails.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import inspect
 import logging
 import os
 import threading
+import uuid
 from typing import Any, Callable
 
 import ray
@@ -33,9 +36,12 @@ from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.rank.calls import pickle_fn
 from horovod_ray.settings import Settings, create_settings, require_positive
 from horovod_ray.tune.session import (
+    TrialFacts,
     forward,
     pack_checkpoint,
     rank_main,
+    remove_forwarded_copies,
+    remove_restored_copies,
     sweep_stale,
     wrap_function,
 )
@@ -53,6 +59,24 @@ class _TrialSpec:
     use_gpu: bool
 
 
+class _Job:
+    """A trial's Horovod job, and where its ranks may have left restored copies."""
+
+    def __init__(self, executor: RayExecutor) -> None:
+        self.executor = executor
+        # Names this job's ranks' restored copies (see session.remove_restored_copies).
+        self.copies_tag = uuid.uuid4().hex[:12]
+        self.node_ids: frozenset[str] = frozenset()  # set once the job has started
+
+    def started(self) -> None:
+        self.node_ids = frozenset(rank.node_id for rank in self.executor.ranks)
+
+    def stop(self) -> None:
+        """Stops the job, then removes its ranks' restored copies; idempotent."""
+        self.executor.stop()
+        remove_restored_copies(self.copies_tag, self.node_ids)
+
+
 class _TrialJobs:
     """The Horovod jobs of the trials on this actor (one process, one trial at a time).
 
@@ -63,52 +87,52 @@ class _TrialJobs:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._active: set[RayExecutor] = set()
-        self._warm: tuple[_TrialSpec, RayExecutor] | None = None
+        self._active: set[_Job] = set()
+        self._warm: tuple[_TrialSpec, _Job] | None = None
 
     def stop_all(self) -> None:
         """Stops the running trial's job, if any, and the warm one."""
         with self._lock:
-            executors = list(self._active)
+            jobs = list(self._active)
             if self._warm is not None:
-                executors.append(self._warm[1])
+                jobs.append(self._warm[1])
                 self._warm = None
-        for executor in executors:
-            executor.stop()
+        for job in jobs:
+            job.stop()
 
-    def take_warm(self, spec: _TrialSpec) -> RayExecutor | None:
+    def take_warm(self, spec: _TrialSpec) -> _Job | None:
         """The job a finished trial left, if it fits ``spec`` and still works; active."""
         with self._lock:
             warm, self._warm = self._warm, None
             if warm is None:
                 return None
-            warm_spec, executor = warm
-            self._active.add(executor)  # cleanup() must find it while it is being checked
+            warm_spec, job = warm
+            self._active.add(job)  # cleanup() must find it while it is being checked
         current = ray.util.get_current_placement_group()
         try:
             # placement_group raises when the job is no longer running.
-            same_group = current is not None and executor.placement_group.id == current.id
+            same_group = current is not None and job.executor.placement_group.id == current.id
             if warm_spec == spec and same_group:
-                executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
-                return executor
+                job.executor.run(os.getpid)  # a rank that died while idle fails this, not the trial
+                return job
         except HorovodRayError:
             logger.info("the last trial's warm Horovod job failed or stopped; starting a new one")
-        self.finish(spec, executor, keep=False)
+        self.finish(spec, job, keep=False)
         return None
 
-    def begin(self, executor: RayExecutor) -> None:
+    def begin(self, job: _Job) -> None:
         with self._lock:
-            self._active.add(executor)
+            self._active.add(job)
 
-    def finish(self, spec: _TrialSpec, executor: RayExecutor, keep: bool) -> None:
-        """Ends a trial's use of ``executor``: kept warm if ``keep`` and still running."""
+    def finish(self, spec: _TrialSpec, job: _Job, keep: bool) -> None:
+        """Ends a trial's use of ``job``: kept warm if ``keep`` and still running."""
         with self._lock:
-            self._active.discard(executor)
-            keep = keep and executor.state is ExecutorState.RUNNING
+            self._active.discard(job)
+            keep = keep and job.executor.state is ExecutorState.RUNNING
             if keep:
-                self._warm = (spec, executor)
+                self._warm = (spec, job)
         if not keep:
-            executor.stop()
+            job.stop()
 
 
 _jobs = _TrialJobs()
@@ -124,35 +148,34 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
     """Runs on the trial's actor: the trial's Horovod job, warm from the last trial or new."""
     sweep_stale()  # a killed trial actor's copy on its way to Tune, if any
     checkpoint = pack_checkpoint(tune.get_checkpoint())
-    context = tune.get_context()
-    trial_info = {
-        "trial_name": context.get_trial_name(),
-        "trial_id": context.get_trial_id(),
-        "trial_resources": context.get_trial_resources(),
-        "experiment_name": context.get_experiment_name(),
-    }
-    executor = _jobs.take_warm(spec)
-    fresh = executor is None
+    trial = TrialFacts.of_this_trial()
+    job = _jobs.take_warm(spec)
+    fresh = job is None
     if fresh:
         # Inside the trial's placement group: the ranks take its bundles.
-        executor = RayExecutor(
-            spec.settings,
-            num_hosts=spec.num_hosts,
-            num_workers_per_host=spec.num_slots,
-            cpus_per_worker=spec.num_cpus_per_slot,
-            use_gpu=spec.use_gpu,
+        job = _Job(
+            RayExecutor(
+                spec.settings,
+                num_hosts=spec.num_hosts,
+                num_workers_per_host=spec.num_slots,
+                cpus_per_worker=spec.num_cpus_per_slot,
+                use_gpu=spec.use_gpu,
+            )
         )
-    _jobs.begin(executor)
+    _jobs.begin(job)
     finished = False
     try:
         if fresh:
-            executor.start()
-        executor.run(
-            rank_main, args=[spec.func, config, checkpoint, trial_info], callbacks=[forward]
+            job.executor.start()
+            job.started()
+        job.executor.run(
+            rank_main,
+            args=[spec.func, config, checkpoint, trial, job.copies_tag],
+            callbacks=[forward],
         )
         finished = True
     finally:
-        _jobs.finish(spec, executor, keep=finished)
+        _jobs.finish(spec, job, keep=finished)
 
 
 def _check_signature(func: Callable[..., Any]) -> None:
@@ -237,7 +260,11 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
 
         def cleanup(self) -> None:
             _stop_all()
-            super().cleanup()
+            try:
+                super().cleanup()
+            finally:
+                # The trial's thread may have been stopped inside forward's report.
+                remove_forwarded_copies()
 
     DistributedTrainable.__name__ = f"DistributedTrainable_{name}"
     DistributedTrainable.__qualname__ = DistributedTrainable.__name__

@@ -62,3 +62,30 @@ def test_trial_failures_name_the_rank_and_release_everything(tmp_path, func, kwa
         assert text in error
     assert wait_until(lambda: alive_actors() == [])
     assert wait_until(lambda: live_placement_groups() == [])
+
+
+def reports_a_dangling_link(config):
+    import tempfile
+    from pathlib import Path
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    with tempfile.TemporaryDirectory() as directory:
+        Path(directory, "model.bin").symlink_to(Path(directory, "gone"))
+        tune.report({"step": 1}, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def test_a_checkpoint_with_a_link_to_nothing_fails_the_trial_saying_so(tmp_path):
+    """Links in a checkpoint are followed; one that points nowhere is named, not lost."""
+    start_local_ray(4)
+    trainable = DistributedTrainableCreator(reports_a_dangling_link, num_hosts=1, num_slots=2)
+    results = tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(name="dangling", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 1
+    error = str(results.errors[0])
+    for text in ["rank 0 failed", "CheckpointError", "model.bin", "points nowhere"]:
+        assert text in error
+    assert wait_until(lambda: alive_actors() == [])

@@ -4,7 +4,11 @@ finds broken links. Building the site itself is ``make docs``, which ``make test
 
 from __future__ import annotations
 
+import argparse
 import ast
+import functools
+import itertools
+import json
 import re
 import shlex
 import sys
@@ -180,13 +184,13 @@ def test_the_api_reference_documents_every_public_name():
     import horovod_ray.tune
 
     api = (ROOT / "docs" / "api.rst").read_text()
-    documented = set(re.findall(r"^\.\. auto\w+:: ([\w.]+)$", api, re.M))
+    # py:data: a str's autodata would show str's own docstring.
+    documented = set(re.findall(r"^\.\. (?:auto\w+|py:data):: ([\w.]+)$", api, re.M))
     members = re.search(r"RayExecutor\n   :members: (.*(?:\n      .*)*)", api)[1]
     documented |= {f"horovod_ray.RayExecutor.{name.strip()}" for name in members.split(",")}
     for module in (horovod_ray, horovod_ray.tune):
         for name in module.__all__:
-            if name != "__version__":
-                assert f"{module.__name__}.{name}" in documented, name
+            assert f"{module.__name__}.{name}" in documented, name
     public = [name for name in dir(horovod_ray.RayExecutor) if not name.startswith("_")]
     for name in public:
         assert f"horovod_ray.RayExecutor.{name}" in documented, name
@@ -323,10 +327,48 @@ def _nics_no_node_has() -> str:
     return f"ConfigError: {info.value}"
 
 
+# torch.nn.SyncBatchNorm on CPU tensors in training, in a fresh interpreter: without a
+# torch.distributed process group (as under horovod), then with one (of one process).
+_SYNC_BATCH_NORM = """
+import json, os, torch, torch.distributed as dist
+torch.manual_seed(0)
+x, sync, plain = torch.randn(8, 3), torch.nn.SyncBatchNorm(3), torch.nn.BatchNorm1d(3)
+same = bool(torch.equal(sync(x), plain(x)))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+dist.init_process_group("gloo", rank=0, world_size=1)
+try:
+    sync(x)
+    error = None
+except Exception as err:
+    error = f"{type(err).__name__}: {err}"
+dist.destroy_process_group()
+print(json.dumps({"plain_without_a_group": same, "error_with_a_group": error}))
+"""
+
+
+@functools.cache
+def _sync_batch_norm_on_cpu() -> dict:
+    return json.loads(run_fresh_python(_SYNC_BATCH_NORM).strip().splitlines()[-1])
+
+
+def _sync_batch_norm_with_a_process_group() -> str:
+    return _sync_batch_norm_on_cpu()["error_with_a_group"] or "no error"
+
+
+def test_torch_sync_batch_norm_without_torch_distributed_is_a_plain_batch_norm():
+    """docs/pytorch.rst: under horovod, which sets up no torch.distributed process group,
+    ``torch.nn.SyncBatchNorm`` takes CPU tensors and syncs nothing (the page said it
+    refused them; only with a process group does it, see QUOTED_ERRORS)."""
+    assert _sync_batch_norm_on_cpu()["plain_without_a_group"] is True
+    page = " ".join((ROOT / "docs" / "pytorch.rst").read_text().split())
+    assert "under horovod it is a plain batch norm over each rank's own batch" in page
+
+
 # How to make each error whose text the documentation quotes, by its first words.
 QUOTED_ERRORS = {
     "HorovodRayError: Ray is not initialised": _ray_not_initialised,
     "ConfigError: nics=": _nics_no_node_has,
+    "ValueError: SyncBatchNorm expected": _sync_batch_norm_with_a_process_group,
 }
 
 
@@ -347,3 +389,83 @@ def test_the_error_texts_the_docs_quote_are_the_real_ones():
             found = real.find(part, position)
             assert found >= 0, f"{page} quotes {text!r}; the real text is {real!r}"
             position = found + len(part)
+
+
+def test_the_command_lines_flags_the_docs_name_are_the_parsers():
+    """Each ``horovod-ray run ...`` the pages quote takes only flags the command line has
+    (docs/gpus.rst named ``--nics``, which neither it nor horovodrun has)."""
+    from horovod_ray.cli.parser import build_parser
+
+    run = next(
+        action.choices["run"]
+        for action in build_parser()._actions  # noqa: SLF001 - the subcommand's parser
+        if isinstance(action, argparse._SubParsersAction)  # noqa: SLF001
+    )
+    known = set(run._option_string_actions)  # noqa: SLF001 - every spelling of every flag
+    quoted = [
+        (path.name, literal)
+        for path in DOC_FILES
+        for literal in re.findall(r"``((?:\.venv/bin/)?horovod-ray run[^`]*)``", path.read_text())
+    ]
+    assert len(quoted) >= 8, quoted
+    for page, literal in quoted:
+        words = shlex.split(literal)[2:]
+        for word in itertools.takewhile(lambda w: "python" not in w, words):
+            if word.startswith("-"):
+                assert word.split("=")[0] in known, f"{page}: {literal!r} names {word}"
+
+
+def test_the_install_pages_extras_are_setups():
+    """docs/install.rst lists every extra of setup.py (it left out ``tensorflow-gpu``),
+    with the PyTorch versions setup.py takes (it said 2.13 where setup.py takes 2.14)."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    call = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup"
+    )
+    extras = ast.literal_eval(next(k.value for k in call.keywords if k.arg == "extras_require"))
+    install = (ROOT / "docs" / "install.rst").read_text()
+    listed = re.search(r"any of the extras setup.py has:\n\n((?:[*] .*\n(?:  .*\n)*)+)", install)
+    bullets = {
+        name: text
+        for name, text in re.findall(r"^[*] ``([\w-]+)``: (.*(?:\n  .*)*)", listed[1], re.M)
+    }
+    assert set(bullets) == set(extras)
+    (torch,) = extras["torch"]
+    assert f"``{torch}``" in bullets["torch"]
+
+
+def test_the_install_pages_ray_default_brings_what_it_says():
+    """``ray[default]`` brings py-spy, not psutil, which horovod requires."""
+    import importlib.metadata
+
+    install = " ".join((ROOT / "docs" / "install.rst").read_text().split())
+    said = re.search(r"``default`` brings (.*?);", install)[1]
+    default = {
+        re.split(r"[<>=!;\[ ]", requirement)[0].lower()
+        for requirement in importlib.metadata.requires("ray")
+        if 'extra == "default"' in requirement
+    }
+    horovod = {
+        re.split(r"[<>=!;\[ ]", r)[0].lower() for r in importlib.metadata.requires("horovod")
+    }
+    for package in ("py-spy", "psutil"):
+        assert (package in said) == (package in default), (package, said)
+    assert (
+        "psutil" in horovod
+        and "psutil (the command line's process trees) comes with horovod" in install
+    )
+
+
+def test_the_testing_page_gives_make_tests_steps_in_the_makefiles_order():
+    """docs/testing.rst said both environments were built before the documentation; make
+    test's prerequisites, in order, are the docs, the suite, then the 2023 line's."""
+    makefile = (ROOT / "Makefile").read_text()
+    steps = re.search(r"^else ifeq \(\$\(TF\),2\.21\)\ntest: (.*)$", makefile, re.M)[1]
+    testing = " ".join((ROOT / "docs" / "testing.rst").read_text().split())
+    assert f"Makefile's order, ``test: {steps}``" in testing
+    order = ["the documentation", "the first two passes", "2023 line's environment"]
+    positions = [testing.index(part) for part in order]
+    assert positions == sorted(positions)
+    assert "builds both environments" not in testing

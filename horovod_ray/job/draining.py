@@ -5,7 +5,9 @@ with a deadline, before the node dies; a job reads them here and leaves such a n
 An elastic job's discovery leaves a draining node out, so horovod's driver tells the ranks
 at their next ``commit()`` and the job re-forms without that node and without a rollback.
 A static job cannot re-form: it fails with :class:`~horovod_ray.errors.NodeDrainingError`
-as soon as one of its nodes drains, instead of waiting for the node to die.
+as soon as one of its nodes drains, instead of waiting for the node to die, once rank 0
+(on a node that stays) has committed the checkpoints it was uploading, if the deadline
+leaves time for it (:func:`upload_wait_s`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ logger = logging.getLogger(__name__)
 _warned = threading.Event()  # a failure to read the draining nodes has been said
 
 READ_EVERY_S = 1.0  # how often a static job asks whether one of its nodes drains
+# What a static job stopped by a drain keeps of the nearest deadline, after letting rank
+# 0's uploads finish, to stop its ranks; and its longest wait for them (no deadline given).
+UPLOAD_MARGIN_S = 5.0
+UPLOAD_WAIT_MAX_S = 60.0
 
 
 def draining_nodes() -> dict[str, float]:
@@ -92,6 +98,22 @@ class Watch:
         leaving = self.draining()
         if leaving:
             raise LeavingError(leaving)
+
+
+def upload_wait_s(leaving: Mapping[str, float], rank0_node_id: str) -> float:
+    """How long a static job stopped by a drain lets rank 0 finish the checkpoint uploads it
+    has in flight before its ranks are killed (0: not at all). Pure.
+
+    Rank 0 on a node that stays gets up to the nearest deadline less ``UPLOAD_MARGIN_S``
+    (at most ``UPLOAD_WAIT_MAX_S``); rank 0 on a draining node gets no wait.
+
+    Args:
+        leaving: The draining nodes -> seconds left to each one's deadline (inf: none).
+        rank0_node_id: Rank 0's node.
+    """
+    if not leaving or rank0_node_id in leaving:
+        return 0.0
+    return max(0.0, min(min(leaving.values()) - UPLOAD_MARGIN_S, UPLOAD_WAIT_MAX_S))
 
 
 def static_job_error(

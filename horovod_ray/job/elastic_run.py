@@ -7,7 +7,8 @@ have how many slots, numbers the ranks, and starts each slot through
 environment, its setup. After a failure or a change of nodes the driver lets the
 survivors roll back to their last commit (``hvd.elastic.run``) and go on: horovod's
 driver decides a node is lost, ``attribution.elastic_error`` how the run ended. Ray's
-autoscaler is asked for room for ``max_workers`` ranks (``demand``: beside other jobs').
+autoscaler is asked for room for ``max_workers`` ranks (``demand``: beside other jobs'),
+except by a job kept on the driver's machine, which could use none of the nodes it launches.
 """
 
 from __future__ import annotations
@@ -104,10 +105,11 @@ class ElasticRun:
         stopped_early, autoscaler = True, None
         try:
             per_rank = self._worker.worker_resources()
-            autoscaler = AutoscalerRequest(self._layout, per_rank)
             self._call = (ray.put(fn), args)
             driver = self._open(per_rank)
-            autoscaler.ask()
+            autoscaler = self._autoscaler_request(per_rank)
+            if autoscaler is not None:
+                autoscaler.ask()
             thread = threading.Thread(
                 target=self._drive, args=(driver, result), name="horovod_ray-elastic", daemon=True
             )
@@ -115,7 +117,8 @@ class ElasticRun:
             deliver = logs.to_all(callbacks)
             while thread.is_alive() and self._state.is_in(RunState.RUNNING):
                 self._deliver(deliver)
-                autoscaler.renew()
+                if autoscaler is not None:
+                    autoscaler.renew()
                 thread.join(DELIVER_S)
             self._deliver(deliver)
             # The run's own end moves it on; stop() from another thread already has.
@@ -168,6 +171,19 @@ class ElasticRun:
             server.start([])
         self._common_env = bringup.common_env(server, self._settings, elastic=True)
         return driver
+
+    def _autoscaler_request(self, per_rank: dict[str, float]) -> AutoscalerRequest | None:
+        """The job's request for room; None for a job kept on the driver's machine, whose
+        discovery counts only nodes with the driver's address: the nodes an autoscaler
+        launches are other machines, which it would keep up and never use."""
+        if self._local:
+            logger.info(
+                "elastic job: every node with room for a rank is on the driver's machine, "
+                "so the job stays there and asks the autoscaler for no nodes (with a head "
+                "node without CPUs for ranks, it grows onto the nodes launched for it)"
+            )
+            return None
+        return AutoscalerRequest(self._layout, per_rank)
 
     def _drive(self, driver: elastic_driver.Driver, result: dict[str, Any]) -> None:
         """The driver's thread: starts the first world and waits for the last one's end."""

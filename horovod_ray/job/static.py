@@ -257,9 +257,8 @@ class StaticJob:
         Raises:
             WorkerFailedError: A rank raised or died; the job has been released.
         """
-        message = self._dispatcher.message(call, all_ranks)
         actors = self.actors if all_ranks else self.actors[:1]
-        refs = [calls.send(actor, message) for actor in actors]
+        message, refs = self._dispatcher.send(call, actors, all_ranks)
         started = time.monotonic()
         check = self._drains.check
         try:
@@ -291,8 +290,7 @@ class StaticJob:
     def send(self, call: calls.Call) -> list[ray.ObjectRef]:
         """Starts ``call`` on every rank without waiting; one ref per rank, holding what
         the function returned or, as it was raised, what it raised."""
-        message = self._dispatcher.message(call)
-        return [calls.send(actor, message, as_raised=True) for actor in self.actors]
+        return self._dispatcher.send(call, self.actors, as_raised=True)[1]
 
     def _fail(
         self, refs: list[ray.ObjectRef], elapsed_s: float, failing: Callable[[], bool]
@@ -328,7 +326,8 @@ class StaticJob:
     def _leave(
         self, refs: list[ray.ObjectRef], leaving: dict[str, float], failing: Callable[[], bool]
     ) -> None:
-        """Stops the job at once because Ray drains one of its nodes; raises
+        """Stops the job because Ray drains one of its nodes, once rank 0 has committed
+        the checkpoints it was uploading (see :meth:`_finish_uploads`); raises
         NodeDrainingError naming the ranks there (a static job cannot leave a node)."""
         if not failing():
             self._release_failed(refs)
@@ -336,8 +335,31 @@ class StaticJob:
         where = {m.rank.world_rank: (m.node.where, m.node.node_id) for m in self.members}
         error = draining.static_job_error(where, leaving)
         logger.warning("%s", str(error).splitlines()[0])
+        self._finish_uploads(leaving)
         self._release_failed(refs)
         raise error from None
+
+    def _finish_uploads(self, leaving: dict[str, float]) -> None:
+        """Lets rank 0 commit the checkpoints it has in flight, for as long as the drain's
+        deadline allows (``draining.upload_wait_s``): killed now, it would leave them
+        uncommitted, and a restart would go back to the one before. The ranks go on
+        meanwhile; rank 0's node must be one that stays."""
+        rank0 = self.members[0]
+        wait_s = draining.upload_wait_s(leaving, rank0.node.node_id)
+        if wait_s <= 0:
+            return
+        began = time.monotonic()
+        ref = rank0.actor.finish_uploads.remote(wait_s)
+        ready, _ = ray.wait([ref], timeout=wait_s + probe.LIVENESS_TIMEOUT_S)
+        finished = bool(ready) and probe.error_of(ref) is None and ray.get(ref)
+        if not finished:
+            logger.warning(
+                "rank 0's checkpoint uploads did not finish within %.0f s of the drain; "
+                "the one in flight is cut off",
+                wait_s,
+            )
+        else:
+            logger.debug("rank 0's uploads done %.1f s after the drain", time.monotonic() - began)
 
     def _release_failed(self, refs: list[ray.ObjectRef]) -> None:
         """Releases the job at once, then reads every rank's outcome of the failed call,

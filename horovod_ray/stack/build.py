@@ -19,13 +19,25 @@ import os
 
 from horovod_ray.errors import HorovodRayError
 
-INSTALL_HINT = (
-    "reinstall horovod with Gloo: `make install` in a horovod_ray checkout, or, with the "
-    "fixes in patches/ applied to its source as docs/install.rst shows, "
-    "HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MPI=1 "
-    "HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation "
-    "--no-cache-dir ./horovod-0.28.1"
-)
+
+def torch_installed() -> bool:
+    """Whether PyTorch is installed here (the default line; the 2023 line has none)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def install_hint(with_torch: bool) -> str:
+    """How to reinstall horovod with Gloo on a CPU line: with PyTorch where PyTorch is
+    installed (the default line's build, as ``make install`` does it), without it
+    elsewhere (the 2023 line), so that the rebuild keeps ``horovod.torch`` where it can."""
+    torch = "HOROVOD_WITH_PYTORCH=1" if with_torch else "HOROVOD_WITHOUT_PYTORCH=1"
+    return (
+        "reinstall horovod with Gloo: `make install` in a horovod_ray checkout, or, with "
+        "the fixes in patches/ applied to its source as docs/install.rst shows, "
+        f"HOROVOD_WITH_GLOO=1 HOROVOD_WITH_TENSORFLOW=1 {torch} HOROVOD_WITHOUT_MPI=1 "
+        "HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation --no-cache-dir "
+        "./horovod-0.28.1"
+    )
+
 
 # What builds each GPU line (docs/gpus.rst): each framework's CUDA build, with horovod's
 # HOROVOD_GPU_OPERATIONS=NCCL, in an environment of its own.
@@ -169,4 +181,4 @@ def require_gloo() -> None:
     framework extension."""
     problem = _gloo_problem()
     if problem is not None:
-        raise HorovodRayError(f"{problem}; {INSTALL_HINT}")
+        raise HorovodRayError(f"{problem}; {install_hint(torch_installed())}")

@@ -22,14 +22,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from horovod_ray.stack.build import (  # noqa: E402
     GPU_HINTS,
-    INSTALL_HINT,
     TORCH_HINT,
     batched_rendezvous,
     gloo_iface_fixed,
+    install_hint,
     keras3_port,
     nccl_version,
     require_gloo,
     sync_batch_norm_on_cpu,
+    torch_installed,
 )
 
 
@@ -131,7 +132,7 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
     lines, where TensorFlow is required."""
     framework = _NAMES[gpu or "tensorflow"]
     built = _probe(gpu or "tensorflow")
-    hint = GPU_HINTS[gpu] if gpu else INSTALL_HINT
+    hint = GPU_HINTS[gpu] if gpu else install_hint(torch_installed())
     if "error" in built:
         print(f"horovod_ray: horovod lacks {framework} ({built['error']}); {hint}", file=sys.stderr)
         return 1

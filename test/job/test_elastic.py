@@ -112,7 +112,9 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     try:
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 3, 6), 240, "6 ranks training", run)
-        assert standing_request() == [{"CPU": 1.0}] * 6
+        # Every node here has the driver's address: a job kept on the driver's machine
+        # asks the autoscaler for nothing (test_autoscaler.py has one that is not).
+        assert standing_request() == []
         first = run.changes()[0]
         lost = next(n for n in cluster.worker_nodes if n.node_id in first["nodes_added"])
         cluster.remove_node(lost)

@@ -90,6 +90,22 @@ def test_a_static_jobs_draining_error_names_the_ranks_on_draining_nodes():
     assert pickle.loads(pickle.dumps(error)).failures == error.failures
 
 
+@pytest.mark.parametrize(
+    ("leaving", "wait_s"),
+    [
+        ({"b": 42.0}, 42.0 - draining.UPLOAD_MARGIN_S),  # up to the deadline, less a margin
+        ({"b": 42.0, "c": 20.0}, 20.0 - draining.UPLOAD_MARGIN_S),  # the nearest one
+        ({"b": 3.0}, 0.0),  # no time left for it
+        ({"b": float("inf")}, draining.UPLOAD_WAIT_MAX_S),  # no deadline: bounded anyway
+        ({"b": 900.0}, draining.UPLOAD_WAIT_MAX_S),
+        ({"a": 42.0, "b": 42.0}, 0.0),  # rank 0's own node drains
+        ({}, 0.0),
+    ],
+)
+def test_rank_0_on_a_node_that_stays_may_finish_its_uploads_within_the_deadline(leaving, wait_s):
+    assert draining.upload_wait_s(leaving, "a") == wait_s
+
+
 CPU = {"CPU": 1.0}
 GPU = {"GPU": 1.0}
 

@@ -4,6 +4,7 @@ Horovod collectives: the ranks Horovod reports must be the ones the executor ass
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.fs
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -141,10 +143,16 @@ class _Preemption:
         drained node exits once nothing runs on it)."""
         self._ended.set()
         self._thread.join(90)  # longer than the drain command may take
-        for node in [n for n in self._cluster.worker_nodes if n.node_id == self.node_id]:
-            cpus = node._ray_params.num_cpus  # noqa: SLF001 - the spec it was added with
-            self._cluster.remove_node(node)
-            self._cluster.add_node(num_cpus=cpus)
+        _replace_node(self._cluster, self.node_id)
+
+
+def _replace_node(cluster: Cluster, node_id: str | None) -> None:
+    """Puts a fresh node with the same CPUs in place of ``node_id`` (a drained node exits
+    once nothing runs on it; the module's next tests want the cluster as it was)."""
+    for node in [n for n in cluster.worker_nodes if n.node_id == node_id]:
+        cpus = node._ray_params.num_cpus  # noqa: SLF001 - the spec it was added with
+        cluster.remove_node(node)
+        cluster.add_node(num_cpus=cpus)
 
 
 def test_a_static_job_on_a_draining_node_stops_at_once_naming_it(uneven_cluster, tmp_path):
@@ -181,3 +189,124 @@ def test_run_with_restarts_starts_again_off_a_draining_node(uneven_cluster, tmp_
         preemption.end()
     assert [attempt for attempt, _, _ in results] == [1, 1]
     assert preemption.node_id not in {node for _, node, _ in results}
+
+
+class _SlowUploads(pyarrow.fs.FileSystemHandler):
+    """The local filesystem, where writing a file of a checkpoint's folder takes
+    ``delay_s`` (a slow object store); ``flags/uploading`` says one has begun."""
+
+    def __init__(self, flags: str, delay_s: float) -> None:
+        self.flags, self.delay_s = flags, delay_s
+        self._local = pyarrow.fs.LocalFileSystem()
+
+    def open_output_stream(self, path, metadata):
+        if re.search(r"/checkpoint_\d+/", path):
+            Path(self.flags, "uploading").touch()
+            time.sleep(self.delay_s)
+        return self._local.open_output_stream(path, metadata=metadata)
+
+    def get_type_name(self):
+        return "slow-uploads"
+
+    def normalize_path(self, path):
+        return self._local.normalize_path(path)
+
+    def get_file_info(self, paths):
+        return self._local.get_file_info(paths)
+
+    def get_file_info_selector(self, selector):
+        return self._local.get_file_info(selector)
+
+    def create_dir(self, path, recursive):
+        self._local.create_dir(path, recursive=recursive)
+
+    def delete_dir(self, path):
+        self._local.delete_dir(path)
+
+    def delete_dir_contents(self, path, missing_dir_ok=False):
+        self._local.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
+
+    def delete_root_dir_contents(self):
+        raise OSError("not on this test's filesystem")
+
+    def delete_file(self, path):
+        self._local.delete_file(path)
+
+    def move(self, src, dest):
+        self._local.move(src, dest)
+
+    def copy_file(self, src, dest):
+        self._local.copy_file(src, dest)
+
+    def open_input_stream(self, path):
+        return self._local.open_input_stream(path)
+
+    def open_input_file(self, path):
+        return self._local.open_input_file(path)
+
+    def open_append_stream(self, path, metadata):
+        return self._local.open_append_stream(path, metadata=metadata)
+
+
+def _report_then_wait_for_finish(folder: str) -> None:
+    """Rank 0 reports a checkpoint (its upload goes on beside); every rank then waits for
+    ``folder/finish``."""
+    import tempfile
+
+    from ray.train import Checkpoint
+
+    if int(os.environ["HOROVOD_RANK"]) == 0:
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, "state.json").write_text("{}")
+            horovod_ray.report({"step": 1}, checkpoint=Checkpoint.from_directory(directory))
+    while not Path(folder, "finish").exists():
+        time.sleep(0.1)
+
+
+def test_a_drain_elsewhere_lets_rank_0_commit_its_upload_before_the_job_stops(
+    uneven_cluster, tmp_path
+):
+    """Rank 0 on the driver's node has a checkpoint upload in flight (8 s) when Ray drains
+    rank 1's node (deadline in 120 s): the job still stops with NodeDrainingError, but only
+    once the upload is committed, well within the deadline (before, rank 0 was killed
+    mid-upload, and the checkpoint was lost: no marker, its folder pruned)."""
+    head = ray.get_runtime_context().get_node_id()
+    other = next(n.node_id for n in uneven_cluster.worker_nodes if n.node_id != head)
+    (tmp_path / "flags").mkdir()
+    storage = pyarrow.fs.PyFileSystem(_SlowUploads(str(tmp_path / "flags"), delay_s=8))
+    settings = RayExecutor.create_settings(
+        timeout_s=60,
+        placement_group_timeout_s=30,
+        storage_path=str(tmp_path / "store"),
+        name="run",
+        storage_filesystem=storage,
+    )
+    executor = RayExecutor(settings, hosts=[("localhost", 1), (other, 1)])
+    executor.start()
+    drained = threading.Event()
+
+    def drain_once_uploading() -> None:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "flags" / "uploading").exists():
+            if time.monotonic() > deadline:
+                (tmp_path / "finish").touch()  # no upload began: let the job end
+                return
+            time.sleep(0.1)
+        _drain_as_the_docs_say(uneven_cluster.address, other)
+        drained.set()
+
+    drainer = threading.Thread(target=drain_once_uploading, daemon=True)
+    drainer.start()
+    try:
+        with pytest.raises(NodeDrainingError) as raised:
+            executor.run(_report_then_wait_for_finish, args=(str(tmp_path),))
+    finally:
+        (tmp_path / "finish").touch()
+        executor.stop()
+        drainer.join(90)
+        _replace_node(uneven_cluster, other)
+    assert drained.is_set()
+    assert list(raised.value.failures) == [1]
+    run = tmp_path / "store" / "run"
+    assert (run / "checkpoint_000001.json").exists(), sorted(p.name for p in run.iterdir())
+    assert (run / "checkpoint_000001" / "state.json").read_text() == "{}"

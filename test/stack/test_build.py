@@ -4,6 +4,9 @@ check says of NCCL and CUDA (horovod's own probes answered here)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from horovod_ray.errors import HorovodRayError
@@ -159,3 +162,40 @@ def test_a_check_without_a_line_names_the_framework_built_with_nccl(monkeypatch,
 def test_installed_version_takes_the_first_installed_of_the_names():
     assert build.installed_version("no-such-distribution", "pytest") == pytest.__version__
     assert build.installed_version("no-such-distribution") is None
+
+
+def _makefile_flags(line: str) -> list[str]:
+    """The Makefile's HOROVOD_FLAGS for a CPU line (``2.21``: the default, ``2.15``)."""
+    makefile = (Path(__file__).parents[2] / "Makefile").read_text()
+    block = re.search(
+        rf"^else ifeq \(\$\(TF\),{re.escape(line)}\)\n(.*?)^else", makefile, re.M | re.S
+    )
+    torch = re.search(r"^HOROVOD_TORCH := (.*)$", block[1], re.M)[1]
+    flags = re.search(r"^HOROVOD_FLAGS := ((?:.*\\\n)*.*)$", makefile, re.M)[1]
+    return flags.replace("\\\n", " ").replace("$(HOROVOD_TORCH)", torch).split()
+
+
+@pytest.mark.parametrize(("torch", "line"), [(True, "2.21"), (False, "2.15")])
+def test_the_no_gloo_hint_rebuilds_the_lines_own_horovod(monkeypatch, capsys, torch, line):
+    """With PyTorch installed (the default line) the hint keeps horovod.torch: the line's
+    own build flags, not the 2023 line's HOROVOD_WITHOUT_PYTORCH=1."""
+    monkeypatch.setattr(check_install, "_probe", lambda framework: {"gloo": False})
+    monkeypatch.setattr(check_install, "torch_installed", lambda: torch)
+    assert check_install.main(["--require-fix"]) == 1
+    err = capsys.readouterr().err
+    assert "horovod lacks Gloo; reinstall horovod with Gloo" in err
+    flags = _makefile_flags(line)
+    assert ("HOROVOD_WITH_PYTORCH=1" in flags) is torch
+    for flag in flags:
+        assert flag in err, flag
+    other = "HOROVOD_WITHOUT_PYTORCH=1" if torch else "HOROVOD_WITH_PYTORCH=1"
+    assert other not in err
+
+
+def test_the_executors_check_names_the_lines_own_build(fake_horovod, monkeypatch):
+    _extension(fake_horovod, "tensorflow", "mpi_lib.cpython-311-x86_64-linux-gnu.so", b"x")
+    monkeypatch.setattr(build, "torch_installed", lambda: True)
+    with pytest.raises(HorovodRayError) as info:
+        build.require_gloo()
+    assert "HOROVOD_WITH_PYTORCH=1" in str(info.value)
+    assert "HOROVOD_WITHOUT_PYTORCH=1" not in str(info.value)

@@ -2,7 +2,8 @@
 
 Open ``spec`` for what the user asked (a storage path or filesystem, the run's name, how
 many checkpoints to keep) and how it travels to the ranks, ``store`` for the run's folder
-on that filesystem (commit, list, keep the best, read back as a :class:`Result`), and
+on that filesystem (commit, list, keep the best, read back as a :class:`Result`),
+``metrics`` for what a report's metrics may be and how they are stored and scored, and
 ``upload`` for the thread that persists rank 0's checkpoints beside training. The ranks'
 ``report()`` and ``get_checkpoint()`` are in ``horovod_ray.rank.report``.
 """

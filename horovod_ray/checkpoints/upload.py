@@ -22,6 +22,7 @@ import tempfile
 import threading
 from typing import Any
 
+from horovod_ray.checkpoints import metrics as metrics_
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError
@@ -77,7 +78,7 @@ class Uploader:
             CheckpointError: An earlier upload failed.
         """
         self.raise_failure()
-        metrics = store.plain(metrics)  # refused here, in the caller's thread, if it must be
+        metrics = metrics_.plain(metrics)  # refused here, in the caller's thread, if it must be
         self._check_score(metrics)
         self._slots.acquire()  # released once its upload is done
         staging = None
@@ -103,7 +104,7 @@ class Uploader:
             CheckpointError: An earlier upload failed.
         """
         self.raise_failure()
-        metrics = store.plain(metrics)
+        metrics = metrics_.plain(metrics)
         with self._lock:
             waiting = self._metrics is not None
             self._sequence += 1
@@ -117,7 +118,7 @@ class Uploader:
         attribute = self.storage.score_attribute
         if attribute is None or self._unscored_logged:
             return
-        flat = store.flatten(metrics)
+        flat = metrics_.flatten(metrics)
         if attribute not in flat:
             self._unscored_logged = True
             logger.error(

@@ -26,6 +26,7 @@ import sys
 from typing import Any, Mapping
 
 from horovod_ray.checkpoints import store
+from horovod_ray.checkpoints.metrics import checked_metrics
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
@@ -78,7 +79,7 @@ def report(
             Checkpoint, or a parameter that is refused, named.
         CheckpointError: An earlier upload failed, or the storage cannot be read.
     """
-    metrics = store.checked_metrics(metrics)
+    metrics = checked_metrics(metrics)
     if checkpoint is not None and not hasattr(checkpoint, "as_directory"):
         raise ConfigError(
             "checkpoint",

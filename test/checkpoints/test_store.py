@@ -19,6 +19,7 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 
 from horovod_ray import CheckpointError, ConfigError, Result
+from horovod_ray.checkpoints import metrics as stored_metrics
 from horovod_ray.checkpoints import spec, store, upload
 from horovod_ray.checkpoints.store import Entry
 from horovod_ray.rank import report
@@ -63,7 +64,11 @@ def test_a_nested_score_ranks_by_its_path_as_ray_train_flattens_it():
         for index, loss in enumerate([0.5, 0.1, 0.9, 0.7], start=1)
     ]
     assert store.to_remove(entries, 1, "val/loss", "min", 5) == [1, 3]
-    assert store.flatten({"a": {"b": {"c": 1}, "d": 2}, "e": {}}) == {"a/b/c": 1, "a/d": 2, "e": {}}
+    assert stored_metrics.flatten({"a": {"b": {"c": 1}, "d": 2}, "e": {}}) == {
+        "a/b/c": 1,
+        "a/d": 2,
+        "e": {},
+    }
 
 
 @pytest.mark.parametrize(

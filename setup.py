@@ -42,7 +42,16 @@ setup(
         # 2.13 on the default line, 2.14 (CUDA 13) on the GPU line.
         "torch": ["torch>=2.13,<2.15"],
         "tune": ["ray[tune]>=2.60,<3"],
-        "test": ["pytest>=7", "pytest-timeout", "ruff", "scikit-learn", "docutils", "psutil>=6"],
+        # moto: a local S3-compatible server for the storage tests (its server needs flask).
+        "test": [
+            "pytest>=7",
+            "pytest-timeout",
+            "ruff",
+            "scikit-learn",
+            "docutils",
+            "psutil>=6",
+            "moto[s3,server]>=5.2,<6",
+        ],
         "examples": ["scikit-learn"],
         "bench": ["matplotlib"],
         # make docs: the Sphinx site, its API reference and the CLI's generated flag list.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
+from collections.abc import Iterator
 
 import pyarrow.fs
 import pytest
@@ -220,3 +222,42 @@ def test_report_takes_ray_trains_arguments_and_scores_nested_metrics(ray_4cpu, n
         "checkpoint_000004.json",
         "metrics.json",
     ]
+
+
+@pytest.fixture
+def s3_server(monkeypatch) -> Iterator[tuple[str, dict[str, str]]]:
+    """A local S3-compatible server (moto's) on loopback: its endpoint ("127.0.0.1:PORT")
+    and the credentials every process talking to it needs (set on the driver here)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_EC2_METADATA_DISABLED": "true",  # no instance metadata lookups off this host
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield f"{host}:{port}", env
+    finally:
+        server.stop()
+
+
+def test_a_name_a_uri_cannot_carry_resumes_on_an_s3_endpoint_from_the_query(
+    ray_4cpu, no_leaks, s3_server
+):
+    # The endpoint is only in the URI's query: a rank that lost it (a '#' in the name cut
+    # it off) would talk to AWS instead and fail; a space or a '%' would not parse.
+    endpoint, env = s3_server
+    query = f"endpoint_override={endpoint}&scheme=http&region=us-east-1&allow_bucket_creation=true"
+    storage = {"storage_path": f"s3://bucket/runs?{query}", "name": "exp#1 at 100% done"}
+    first = horovod_ray.run(checkpointed_sum, args=[{"steps": 2}], num_slots=2, env=env, **storage)
+    again = horovod_ray.run(checkpointed_sum, args=[{"steps": 3}], num_slots=2, env=env, **storage)
+    assert [r["resumed_from"] for r in first] == [0, 0]
+    assert [r["resumed_from"] for r in again] == [2, 2]
+    result = Result.from_path(f"s3://bucket/runs/{urllib.parse.quote(storage['name'])}?{query}")
+    assert result.metrics["state"] == expected_state(3)
+    assert _steps(result) == [1, 2, 3]

@@ -379,6 +379,41 @@ def test_ranks_session_is_what_ray_tune_reads(tmp_path):
     assert tune.get_checkpoint() is None
 
 
+def test_a_checkpoint_with_a_link_to_a_folder_it_is_in_is_refused(tmp_path):
+    """tarfile followed the link without end (a RecursionError, or a name too long, after
+    building an archive in memory)."""
+    from horovod_ray.errors import CheckpointError
+    from horovod_ray.tune import session as rank_session
+
+    (tmp_path / "model" / "layers").mkdir(parents=True)
+    (tmp_path / "model" / "layers" / "w.bin").write_text("w")
+    (tmp_path / "model" / "layers" / "up").symlink_to(tmp_path / "model")
+    with pytest.raises(CheckpointError, match=r"layers/up is a link to a folder it is in"):
+        rank_session.pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
+
+
+def test_a_trial_jobs_copies_are_removed_once_and_never_while_its_ranks_may_run(monkeypatch):
+    """cleanup() and the trial's thread may both stop a job (each removal asks every
+    node); a stop that timed out leaves ranks that may still read their copies."""
+    import types
+
+    from horovod_ray import ExecutorState
+    from horovod_ray.tune import trainable
+
+    removals: list[str] = []
+    monkeypatch.setattr(
+        trainable, "remove_restored_copies", lambda tag, nodes: removals.append(tag)
+    )
+    executor = types.SimpleNamespace(state=ExecutorState.STOPPING, stop=lambda: None)
+    job = trainable._Job(executor)
+    job.stop()  # not released yet
+    assert removals == []
+    executor.state = ExecutorState.STOPPED
+    job.stop()
+    job.stop()
+    assert removals == [job.copies_tag]
+
+
 def _restore_and_wait(config):
     """A trial function that restores its checkpoint, says where the copy is, and trains
     on until it is stopped."""

@@ -20,13 +20,14 @@ def checked_metrics(metrics: object) -> dict:
             "metrics",
             f"report() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
         )
-    pending = [((), metrics)]
-    seen = set()
+    # Each mapping with the ids of those it is nested in: one dict may appear twice (JSON
+    # writes it twice), but not inside itself.
+    pending: list[tuple[tuple, Mapping, frozenset]] = [((), metrics, frozenset())]
     while pending:
-        path, mapping = pending.pop()
-        if id(mapping) in seen:
+        path, mapping, outer = pending.pop()
+        if id(mapping) in outer:
             raise ConfigError("metrics", "metrics holds itself (a dict nested in itself)")
-        seen.add(id(mapping))
+        outer = outer | {id(mapping)}
         for key, value in mapping.items():
             if not isinstance(key, str):
                 where = "/".join(path) or "the top level"
@@ -36,7 +37,7 @@ def checked_metrics(metrics: object) -> dict:
                     f"name it with a str, e.g. {str(key)!r}",
                 )
             if isinstance(value, Mapping):
-                pending.append(((*path, key), value))
+                pending.append(((*path, key), value, outer))
     return dict(metrics)
 
 

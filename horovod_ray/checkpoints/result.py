@@ -41,11 +41,14 @@ def _require_folder(storage: RunStorage, path: object) -> None:
             f"could not read {storage.run_path}: {type(err).__name__}: {err}"
         ) from err
     if kind != pyarrow.fs.FileType.Directory:
-        what = "is a file" if kind == pyarrow.fs.FileType.File else "does not exist"
+        if kind == pyarrow.fs.FileType.File:
+            what = "is a file: give a run's folder"
+        else:  # made at the run's first report
+            what = "does not exist: nothing was reported there yet, or give a run's folder"
         raise ConfigError(
             "path",
-            f"path {os.fspath(path)!r} {what}: give a run's folder, storage_path/name as "
-            f"given to run() or create_settings()",
+            f"path {os.fspath(path)!r} {what}, storage_path/name as given to run() or "
+            f"create_settings()",
         )
 
 

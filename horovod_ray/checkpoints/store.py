@@ -24,11 +24,14 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from horovod_ray.checkpoints.metrics import encoded, flatten
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import pyarrow.fs
 
 logger = logging.getLogger(__name__)
 
@@ -143,19 +146,33 @@ def _failed(action: str, path: str, err: BaseException) -> CheckpointError:
     return CheckpointError(f"could not {action} {path}: {type(err).__name__}: {err}")
 
 
-def list_entries(storage: RunStorage) -> list[Entry]:
-    """The checkpoints in the run's folder (none if it does not exist yet).
+def _listing(storage: RunStorage) -> list[pyarrow.fs.FileInfo]:
+    """What the run's folder holds (nothing if it does not exist yet).
 
     Raises:
         CheckpointError: The storage could not be read.
     """
     import pyarrow.fs
 
-    fs, run_path = storage.filesystem, storage.run_path
     try:
-        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_path, allow_not_found=True))
+        selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
+        return storage.filesystem.get_file_info(selector)
     except storage_errors() as err:
-        raise _failed("list the run's folder", run_path, err) from err
+        raise _failed("list the run's folder", storage.run_path, err) from err
+
+
+def list_entries(
+    storage: RunStorage, infos: list[pyarrow.fs.FileInfo] | None = None
+) -> list[Entry]:
+    """The checkpoints in the run's folder (none if it does not exist yet), from its
+    listing ``infos`` when the caller has one.
+
+    Raises:
+        CheckpointError: The storage could not be read.
+    """
+    import pyarrow.fs
+
+    infos = _listing(storage) if infos is None else infos
     folders, markers = set(), set()
     for info in infos:
         match = _NAME.match(info.base_name)
@@ -278,10 +295,9 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
     :func:`stale_partials`). A storage that fails here is logged, not raised: the
     checkpoints that count are already there, and the job's own outcome is what its
     caller needs."""
-    import pyarrow.fs
-
     try:
-        entries = list_entries(storage)
+        infos = _listing(storage)  # once: a listing is a request to a cloud storage
+        entries = list_entries(storage, infos)
         below = next_index(entries) if stale_below is None else stale_below
         for index in to_remove(
             entries,
@@ -292,8 +308,7 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
             protected,
         ):
             remove(storage, index)
-        selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
-        names = [info.base_name for info in storage.filesystem.get_file_info(selector)]
+        names = [info.base_name for info in infos]
         for name in stale_partials(names, stale_below):
             with contextlib.suppress(FileNotFoundError):
                 storage.filesystem.delete_file(f"{storage.run_path}/{name}")

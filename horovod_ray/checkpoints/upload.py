@@ -62,6 +62,8 @@ class Uploader:
         # metrics are never overwritten by an earlier report's that committed later.
         self._sequence = 0
         self._written = 0
+        self._handled = 0  # the newest report the thread is done with (committed or not)
+        self._progress = threading.Condition(self._lock)
         self._metrics: tuple[int, dict] | None = None  # a metrics-only report waiting
         self._unscored_logged = False
         sweep_stale((STAGING_PREFIX,))
@@ -138,6 +140,30 @@ class Uploader:
         self._queue.join()
         self.raise_failure()
 
+    def finish_submitted(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the reports made so far, not for those made while
+        it waits (training goes on meanwhile, and may report faster than they upload).
+
+        Returns:
+            Whether they are done (one that failed counts as done: nothing is committed
+            after it).
+        """
+        return self.wait_handled(self.submitted(), timeout_s)
+
+    def submitted(self) -> int:
+        """The number of the newest report (each report, with or without a checkpoint,
+        takes the next)."""
+        with self._lock:
+            return self._sequence
+
+    def wait_handled(self, sequence: int, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` until the thread is done with report ``sequence`` and
+        those before it; whether it is (or an upload failed: nothing is committed after)."""
+        with self._progress:
+            return self._progress.wait_for(
+                lambda: self._handled >= sequence or self._error is not None, timeout_s
+            )
+
     def raise_failure(self) -> None:
         error = self._error
         if error is not None:
@@ -157,6 +183,7 @@ class Uploader:
                     with self._lock:
                         (sequence, metrics), self._metrics = self._metrics, None
                     self._write_metrics(sequence, metrics)
+                    self._handle(sequence)
                     continue
                 sequence, staging, metrics = item
                 try:
@@ -169,12 +196,23 @@ class Uploader:
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
                     self._slots.release()
+                    self._handle(sequence)
             except CheckpointError as err:
-                self._error = err
+                self._fail(err)
             except Exception as err:  # noqa: BLE001 - kept for the training thread
-                self._error = CheckpointError(f"checkpoint upload failed: {err!r}")
+                self._fail(CheckpointError(f"checkpoint upload failed: {err!r}"))
             finally:
                 self._queue.task_done()
+
+    def _handle(self, sequence: int) -> None:
+        with self._progress:
+            self._handled = max(self._handled, sequence)
+            self._progress.notify_all()
+
+    def _fail(self, error: CheckpointError) -> None:
+        with self._progress:
+            self._error = error
+            self._progress.notify_all()
 
     def _write_metrics(self, sequence: int, metrics: dict) -> None:
         if self._error is None and sequence > self._written:

@@ -27,9 +27,11 @@ _warned = threading.Event()  # a failure to read the draining nodes has been sai
 
 READ_EVERY_S = 1.0  # how often a static job asks whether one of its nodes drains
 # What a static job stopped by a drain keeps of the nearest deadline, after letting rank
-# 0's uploads finish, to stop its ranks; and its longest wait for them (no deadline given).
+# 0's uploads finish, to stop its ranks; and its longest wait for them (no deadline given),
+# which with rank 0's time to answer (5 s) stays below what stop() from another thread
+# waits for a release (executor.STOP_WAIT_S, 60 s).
 UPLOAD_MARGIN_S = 5.0
-UPLOAD_WAIT_MAX_S = 60.0
+UPLOAD_WAIT_MAX_S = 45.0
 
 
 def draining_nodes() -> dict[str, float]:

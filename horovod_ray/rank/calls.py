@@ -84,7 +84,11 @@ def check_callbacks(callbacks: object) -> list[Callable[[dict], None]]:
     if callable(callbacks):
         return [callbacks]
     if not isinstance(callbacks, (list, tuple)) or not all(callable(c) for c in callbacks):
-        raise ConfigError("callbacks", f"callbacks must be a list of callables, got {callbacks!r}")
+        raise ConfigError(
+            "callbacks",
+            f"callbacks must be a list of callables (functions, horovod_ray.Callback "
+            f"objects), got {callbacks!r}",
+        )
     return list(callbacks)
 
 
@@ -154,25 +158,21 @@ class Dispatcher:
         # (function payload, args payload, call id) of the last call done on every rank.
         self._last: tuple[bytes, bytes | None, int] | None = None
 
-    def message(self, call: Call, all_ranks: bool = True) -> Message:
-        """The next call id and what to send for ``call``.
-
-        Args:
-            call: The prepared call.
-            all_ranks: False for a call to rank 0 only: it neither uses nor fills the
-                function cache, ends any repeat, and sends its payloads as they are (one
-                recipient: nothing to share through the object store).
-        """
-        with self._lock:
-            return self._next(call, all_ranks)
-
     def send(
         self, call: Call, workers: Sequence[Any], all_ranks: bool = True, as_raised: bool = False
     ) -> tuple[Message, list[ray.ObjectRef]]:
-        """Decides what ``call`` sends (see :meth:`message`) and starts it on ``workers``,
-        in one step under the lock: every rank is then sent the calls in the order of their
-        ids. A repeat of call N names call N as it stands in the rank's recent calls, so no
+        """Numbers ``call``, decides what it sends and starts it on ``workers``, in one
+        step under the lock: every rank is then sent the calls in the order of their ids.
+        A repeat of call N names call N as it stands in the rank's recent calls, so no
         later call (a large one, which evicts by bytes) may reach a rank before it.
+
+        Args:
+            call: The prepared call.
+            workers: The ranks' actors (none: only the decision, as the tests use it).
+            all_ranks: False for a call to rank 0 only: it neither uses nor fills the
+                function cache, ends any repeat, and sends its payloads as they are (one
+                recipient: nothing to share through the object store).
+            as_raised: See :func:`send`.
 
         Returns:
             The message, and one ref per worker (see :func:`send`).

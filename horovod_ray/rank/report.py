@@ -26,7 +26,7 @@ import sys
 from typing import Any, Mapping
 
 from horovod_ray.checkpoints import store
-from horovod_ray.checkpoints.metrics import checked_metrics
+from horovod_ray.checkpoints.metrics import checked_metrics, plain
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
@@ -98,8 +98,10 @@ def report(
         return
     if logs._rank_now() != 0:
         return
-    logs.post(metrics)
     uploader = _rank_uploader()
+    if uploader is not None:
+        plain(metrics)  # metrics that cannot be stored are refused before a callback sees them
+    logs.post(metrics)
     if uploader is None:
         if checkpoint is not None:
             _warn_once()
@@ -186,6 +188,12 @@ def flush() -> None:
     """
     if _uploader is not None:
         _uploader.flush()
+
+
+def finish_submitted(timeout_s: float) -> bool:
+    """Waits up to ``timeout_s`` for the checkpoints reported so far to be uploaded (not
+    for later ones); whether they are (see ``Uploader.finish_submitted``)."""
+    return _uploader is None or _uploader.finish_submitted(timeout_s)
 
 
 def use_tune_session(session: Any) -> None:

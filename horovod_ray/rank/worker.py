@@ -9,7 +9,6 @@ logs travel is in ``calls.py`` and ``logs.py``, both halves of each.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import socket
@@ -22,7 +21,7 @@ from typing import Any, Mapping
 import cloudpickle
 import ray
 
-from horovod_ray.errors import CheckpointError, RankError
+from horovod_ray.errors import RankError
 from horovod_ray.rank import logs, priority, report
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
@@ -177,24 +176,15 @@ class Worker:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def finish_uploads(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s``, while user code runs, for this process's checkpoint
-        uploads to commit (a static job about to be stopped for a drain asks rank 0).
+        """Waits up to ``timeout_s``, while user code runs, for the checkpoint uploads this
+        process has in flight now to commit (a static job about to be stopped for a drain
+        asks rank 0); checkpoints reported meanwhile are not waited for.
 
         Returns:
-            Whether none is left in flight (one that failed counts as done: the upload
-            thread commits nothing after it).
+            Whether they are done (one that failed counts as done: the upload thread
+            commits nothing after it).
         """
-
-        def flush() -> None:
-            with contextlib.suppress(CheckpointError):
-                report.flush()
-
-        # In a thread of its own: report.flush() has no timeout, and this control thread
-        # must answer within one.
-        waiter = threading.Thread(target=flush, name="horovod_ray-finish-uploads", daemon=True)
-        waiter.start()
-        waiter.join(timeout_s)
-        return not waiter.is_alive()
+        return report.finish_submitted(timeout_s)
 
 
 def thread_stacks(skip: int | None = None) -> str:

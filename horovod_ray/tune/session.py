@@ -134,18 +134,41 @@ def _pack(directory: str) -> bytes:
     files out so) could not be unpacked safely, and its target is part of the checkpoint.
 
     Raises:
-        CheckpointError: The folder, or a file a link in it points to, cannot be read.
+        CheckpointError: The folder, or a file a link in it points to, cannot be read; or
+            a link in it points to a folder it is in (it would never end).
     """
     buffer = io.BytesIO()
     try:
         with tarfile.open(fileobj=buffer, mode="w", dereference=True) as archive:
-            archive.add(directory, arcname=".")
-    except OSError as err:
+            _add_tree(archive, directory, ".", frozenset())
+    except FileNotFoundError as err:
         raise CheckpointError(
             f"cannot read checkpoint folder {directory} to pass it on: {err} (is it a link "
             f"that points nowhere?)"
         ) from err
+    except OSError as err:
+        raise CheckpointError(
+            f"cannot read checkpoint folder {directory} to pass it on: {err}"
+        ) from err
     return buffer.getvalue()
+
+
+def _add_tree(archive: tarfile.TarFile, path: str, name: str, outer: frozenset[str]) -> None:
+    """Adds the folder ``path`` as ``name``, following links; ``outer``: the real paths
+    of the folders it is in."""
+    real = os.path.realpath(path)
+    if real in outer:
+        raise CheckpointError(
+            f"cannot pass the checkpoint on: {path} is a link to a folder it is in ({real}), "
+            f"which would be copied without end; remove the link"
+        )
+    archive.add(path, arcname=name, recursive=False)
+    for entry in sorted(os.listdir(path)):
+        inner = os.path.join(path, entry)
+        if os.path.isdir(inner):  # a folder, or a link to one
+            _add_tree(archive, inner, f"{name}/{entry}", outer | {real})
+        else:
+            archive.add(inner, arcname=f"{name}/{entry}", recursive=False)
 
 
 def _unpack(data: bytes, directory: str) -> str:

@@ -33,6 +33,7 @@ from ray import tune
 from horovod_ray.errors import ConfigError, HorovodRayError
 from horovod_ray.executor import ExecutorState, RayExecutor
 from horovod_ray.job.layouts import WorkerLayout
+from horovod_ray.job.lifecycle import FINAL
 from horovod_ray.rank.calls import pickle_fn
 from horovod_ray.settings import Settings, create_settings, require_positive
 from horovod_ray.tune.session import (
@@ -67,13 +68,21 @@ class _Job:
         # Names this job's ranks' restored copies (see session.remove_restored_copies).
         self.copies_tag = uuid.uuid4().hex[:12]
         self.node_ids: frozenset[str] = frozenset()  # set once the job has started
+        self._lock = threading.Lock()
+        self._removed = False
 
     def started(self) -> None:
         self.node_ids = frozenset(rank.node_id for rank in self.executor.ranks)
 
     def stop(self) -> None:
-        """Stops the job, then removes its ranks' restored copies; idempotent."""
+        """Stops the job, then removes its ranks' restored copies, once (cleanup() and
+        the trial's thread may both stop it); a job not released yet (its stop timed
+        out) keeps them, for ``sweep_stale`` to take once its ranks are gone."""
         self.executor.stop()
+        with self._lock:
+            if self.executor.state not in FINAL or self._removed:
+                return
+            self._removed = True
         remove_restored_copies(self.copies_tag, self.node_ids)
 
 

@@ -23,6 +23,11 @@ def deliver(rank: RankCalls, message, executable=None):
     return invoke(function, args, executable)
 
 
+def _decide(dispatcher: Dispatcher, call, all_ranks: bool = True):
+    """What ``dispatcher`` sends for ``call``, sent to no rank."""
+    return dispatcher.send(call, [], all_ranks)[0]
+
+
 def add(a, b=0):
     return a + b
 
@@ -30,15 +35,15 @@ def add(a, b=0):
 def test_a_function_goes_whole_until_a_call_returned_everywhere_then_as_its_key():
     dispatcher, rank = Dispatcher(), RankCalls()
     call = prepare(add, [1], {"b": 2})
-    first = dispatcher.message(call)
+    first = _decide(dispatcher, call)
     assert (first.call_id, first.key, first.fn is not None) == (1, 1, True)
     assert deliver(rank, first) == 3
     other = prepare(add, [5])
-    second = dispatcher.message(other)
+    second = _decide(dispatcher, other)
     assert (second.key, second.fn is not None) == (1, True)  # first not returned yet
     assert deliver(rank, second) == 5
     dispatcher.completed(call, first)
-    third = dispatcher.message(prepare(add, [7]))
+    third = _decide(dispatcher, prepare(add, [7]))
     assert (third.key, third.fn) == (1, None)  # same function, known everywhere: key only
     assert deliver(rank, third) == 7
 
@@ -47,8 +52,8 @@ def test_a_call_from_another_thread_that_overtakes_the_first_still_has_its_funct
     """Two threads' calls of one function: the second's message may reach a rank first.
     It used to carry the key alone, and the rank failed with KeyError: 1."""
     dispatcher, rank = Dispatcher(), RankCalls()
-    first = dispatcher.message(prepare(add, [1]))
-    second = dispatcher.message(prepare(add, [2]))
+    first = _decide(dispatcher, prepare(add, [1]))
+    second = _decide(dispatcher, prepare(add, [2]))
     assert deliver(rank, second) == 2
     assert deliver(rank, first) == 1
 
@@ -79,29 +84,29 @@ def test_no_call_sees_what_an_earlier_call_did_to_the_functions_state():
         call = prepare(fn)
         seen = []
         for _ in range(3):
-            message = dispatcher.message(call)
+            message = _decide(dispatcher, call)
             seen.append(deliver(rank, message))
             dispatcher.completed(call, message)
         assert seen == [1, 1, 1], fn
-        assert dispatcher.message(prepare(fn)).fn is None  # the key path, then repeats ran
+        assert _decide(dispatcher, prepare(fn)).fn is None  # the key path, then repeats ran
     assert captured == []  # the caller's own objects were never touched
 
 
 def test_a_completed_call_repeated_with_nothing_between_goes_without_arguments():
     dispatcher, rank = Dispatcher(), RankCalls()
     call = prepare(add, [1])
-    first = dispatcher.message(call)
+    first = _decide(dispatcher, call)
     deliver(rank, first)
     # Not yet reported complete: the repeat still carries its arguments.
-    assert not dispatcher.message(call).again
-    dispatcher.completed(call, dispatcher.message(call))  # call 3, completed
-    repeat = dispatcher.message(call)
+    assert not _decide(dispatcher, call).again
+    dispatcher.completed(call, _decide(dispatcher, call))  # call 3, completed
+    repeat = _decide(dispatcher, call)
     assert repeat.again and repeat.call_id == 4
     # Other arguments, or a call in between, end the repeat.
-    assert not dispatcher.message(prepare(add, [2])).again
-    dispatcher.completed(call, dispatcher.message(call))
-    dispatcher.message(prepare_execute(len), all_ranks=False)
-    assert not dispatcher.message(call).again
+    assert not _decide(dispatcher, prepare(add, [2])).again
+    dispatcher.completed(call, _decide(dispatcher, call))
+    _decide(dispatcher, prepare_execute(len), all_ranks=False)
+    assert not _decide(dispatcher, call).again
 
 
 def test_the_rank_repeats_its_latest_call_with_fresh_arguments():
@@ -112,7 +117,7 @@ def test_the_rank_repeats_its_latest_call_with_fresh_arguments():
         return len(items)
 
     call = prepare(append, [[]])
-    assert deliver(rank, dispatcher.message(call)) == 1
+    assert deliver(rank, _decide(dispatcher, call)) == 1
     for call_id in (2, 3):
         function, args = rank.repeat(call_id)
         assert invoke(function, args, None) == 1  # the list is unpickled anew each time
@@ -151,24 +156,24 @@ def test_a_rank_keeps_its_recent_calls_within_their_bounds(monkeypatch):
 
 def test_the_cache_is_bounded_by_count_and_by_bytes():
     rank, by_count = RankCalls(), Dispatcher(cache_size=1)
-    assert deliver(rank, by_count.message(prepare(add, [1]))) == 1
-    uncached = by_count.message(prepare(len, [[1, 2]]))
+    assert deliver(rank, _decide(by_count, prepare(add, [1]))) == 1
+    uncached = _decide(by_count, prepare(len, [[1, 2]]))
     assert uncached.key is None and uncached.fn is not None
     assert deliver(rank, uncached) == 2
-    by_count.completed(prepare(add, [1]), by_count.message(prepare(add, [2])))
-    cached = by_count.message(prepare(add, [3]))
+    by_count.completed(prepare(add, [1]), _decide(by_count, prepare(add, [2])))
+    cached = _decide(by_count, prepare(add, [3]))
     assert cached.fn is None and deliver(rank, cached) == 3  # the first one stays cached
     small = prepare(add)
     rank, by_bytes = RankCalls(), Dispatcher(cache_bytes=len(small.fn) + 10)
-    assert by_bytes.message(small).key == 1
+    assert _decide(by_bytes, small).key == 1
     rank.resolve(1, 1, small.fn, small.args)
-    assert by_bytes.message(prepare(lambda: None)).key is None  # past the byte bound
-    assert deliver(rank, by_bytes.message(prepare(add, [4]))) == 4
+    assert _decide(by_bytes, prepare(lambda: None)).key is None  # past the byte bound
+    assert deliver(rank, _decide(by_bytes, prepare(add, [4]))) == 4
 
 
 def test_execute_calls_pass_the_executable():
     rank, dispatcher = RankCalls(), Dispatcher()
-    assert deliver(rank, dispatcher.message(prepare_execute(lambda ex: ex * 2)), 21) == 42
+    assert deliver(rank, _decide(dispatcher, prepare_execute(lambda ex: ex * 2)), 21) == 42
 
 
 def test_call_ids_are_unique_across_threads():
@@ -177,7 +182,7 @@ def test_call_ids_are_unique_across_threads():
     ids = []
 
     def many():
-        ids.extend(dispatcher.message(call).call_id for _ in range(200))
+        ids.extend(_decide(dispatcher, call).call_id for _ in range(200))
 
     threads = [threading.Thread(target=many) for _ in range(4)]
     for thread in threads:

@@ -145,7 +145,7 @@ def checkpointed_sum(config):
             with open(os.path.join(directory, "state.json"), "w") as handle:
                 json.dump({"state": state, "step": step + 1}, handle)
             tune.report(
-                {"state": state, "resumed_from": resumed},
+                {"state": state, "step": step + 1, "resumed_from": resumed},
                 checkpoint=tune.Checkpoint.from_directory(directory),
             )
 
@@ -249,39 +249,6 @@ def test_legacy_tune_run_still_works(ray_4cpu, tmp_path):
     analysis = tune.run(trainable, config={}, storage_path=str(tmp_path), verbose=0)
     result = analysis.trials[0].last_result
     assert (result["reporting_rank"], result["sum"], result["training_iteration"]) == (0, 3.0, 3)
-
-
-def test_pbt_exploits_restore_checkpoints_on_every_rank(ray_4cpu, tmp_path):
-    from ray.tune.schedulers import PopulationBasedTraining
-
-    trainable = DistributedTrainableCreator(checkpointed_sum, num_hosts=1, num_slots=2)
-    scheduler = PopulationBasedTraining(
-        time_attr="training_iteration",
-        perturbation_interval=2,
-        hyperparam_mutations={"unused": [1, 2]},
-        quantile_fraction=0.5,  # of two trials, the lower one is exploited
-        synch=True,  # at every interval, so that it happens for certain
-        metric="state",
-        mode="max",
-    )
-    results = tune.Tuner(
-        trainable,
-        param_space={"steps": 4, "unused": tune.choice([1, 2])},
-        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler, reuse_actors=True),
-        run_config=tune.RunConfig(name="pbt", storage_path=str(tmp_path), verbose=0),
-    ).fit()
-    assert results.num_errors == 0
-    # Every trial ran to the end with the right state, whether or not it was exploited;
-    # ranks of a restored trial agree on the step they resumed from.
-    resumed = []
-    for result in results:
-        assert result.metrics["state"] == sum(2 * s + 1 for s in range(4))
-        first, second = result.metrics["resumed_from"]
-        assert first == second
-        resumed.append(first)
-    assert max(resumed) > 0  # a trial was paused and restored from a checkpoint
-    assert wait_until(lambda: alive_actors() == [])
-    assert wait_until(lambda: live_placement_groups() == [])
 
 
 def rank_pids(config):
@@ -702,9 +669,13 @@ def slow_checkpointed_sum(config):
     checkpointed_sum({**config, "step_s": 0.3})
 
 
-def test_no_checkpoint_copies_are_left_when_fit_returns(ray_4cpu, tmp_path):
-    """Trials paused and restored by PBT, then stopped mid-training: their ranks are
-    killed while they hold their restored copies, and no later trial starts."""
+def test_pbt_restores_every_rank_and_no_checkpoint_copies_are_left_when_fit_returns(
+    ray_4cpu, tmp_path
+):
+    """PBT pauses the lower of two trials and restores it from the other's checkpoint on
+    every rank (actors reused); both are then stopped mid-training, their ranks killed
+    while they hold their restored copies, and no later trial starts: fit() returns with
+    none left."""
     from ray.tune.schedulers import PopulationBasedTraining
 
     before = _our_copies()
@@ -714,22 +685,32 @@ def test_no_checkpoint_copies_are_left_when_fit_returns(ray_4cpu, tmp_path):
         time_attr="training_iteration",
         perturbation_interval=2,
         hyperparam_mutations={"unused": [1, 2]},
-        quantile_fraction=0.5,
-        synch=True,
+        quantile_fraction=0.5,  # of two trials, the lower one is exploited
+        synch=True,  # at every interval, so that it happens for certain
         metric="state",
         mode="max",
     )
     results = tune.Tuner(
         trainable,
         param_space={"steps": 6, "unused": tune.choice([1, 2]), "out": str(tmp_path)},
-        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler),
+        tune_config=tune.TuneConfig(num_samples=2, scheduler=scheduler, reuse_actors=True),
         run_config=tune.RunConfig(
-            name="copies", storage_path=str(tmp_path), verbose=0, stop={"training_iteration": 3}
+            name="pbt", storage_path=str(tmp_path), verbose=0, stop={"training_iteration": 4}
         ),
     ).fit()
     assert results.num_errors == 0, results.errors
-    assert any(max(r.metrics["resumed_from"]) > 0 for r in results)  # some trial restored
+    resumed = []
+    for result in results:
+        # Restored or not, a trial's state is an uninterrupted run's at its step, and
+        # the ranks of a restored trial agree on the step they resumed from.
+        metrics = result.metrics
+        assert metrics["state"] == checkpointed_training.expected_state(metrics["step"])
+        first, second = metrics["resumed_from"]
+        assert first == second
+        resumed.append(first)
+    assert max(resumed) > 0  # a trial was paused and restored from a checkpoint
     ours = {int(p.name) for p in (tmp_path / "pids").iterdir()}
     left = {name for name in _our_copies() - before if _copy_pid(name) in ours}
     assert left == set()
     assert wait_until(lambda: alive_actors() == [])
+    assert wait_until(lambda: live_placement_groups() == [])

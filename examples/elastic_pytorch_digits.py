@@ -82,12 +82,15 @@ def train(epochs: int, learning_rate: float, batch_size: int) -> dict:
     }
 
 
-def _show_change(event: dict) -> None:
-    print(
-        f"membership: {event['size_before']} -> {event['size_after']} ranks "
-        f"(+{len(event['nodes_added'])} / -{len(event['nodes_removed'])} nodes)",
-        flush=True,
-    )
+class ShowChanges(horovod_ray.Callback):
+    """Prints each change of membership (a plain function would get only log() dicts)."""
+
+    def on_membership(self, change: dict) -> None:
+        print(
+            f"membership: {change['size_before']} -> {change['size_after']} ranks "
+            f"(+{len(change['nodes_added'])} / -{len(change['nodes_removed'])} nodes)",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         min_workers=args.min_workers,
         max_workers=args.max_workers,
-        callbacks=[_show_change],
+        callbacks=[ShowChanges()],
     )
     print(f"final world: {len(results)} ranks, held-out accuracy {results[0]['test_accuracy']:.4f}")
     return 0

@@ -1,9 +1,9 @@
 """horovod_ray: run Horovod (Gloo) training jobs on a Ray cluster.
 
-``RayExecutor`` is imported when first used. A rank's process imports
-``horovod_ray.rank.worker`` (the actor's class), which runs this file first: were the job's
-side (the executor, both kinds of job, horovod's elastic driver) imported here, every
-rank would load it before it could answer, on its way to the first collective.
+``RayExecutor`` and ``ElasticRayExecutor`` are imported when first used. A rank's process
+imports ``horovod_ray.rank.worker`` (the actor's class), which runs this file first: were
+the job's side (the executor, both kinds of job, horovod's elastic driver) imported here,
+every rank would load it before it could answer, on its way to the first collective.
 """
 
 from __future__ import annotations
@@ -28,18 +28,21 @@ from horovod_ray.errors import (
 )
 from horovod_ray.failures.restarts import attempt
 from horovod_ray.job.lifecycle import ExecutorState
-from horovod_ray.rank.logs import log
+from horovod_ray.rank.logs import Callback, log
 from horovod_ray.rank.report import get_checkpoint, report
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
 
 if TYPE_CHECKING:
+    from horovod_ray.elastic import ElasticRayExecutor
     from horovod_ray.executor import RayExecutor
 
 __all__ = [
+    "Callback",
     "CheckpointError",
     "ConfigError",
     "ElasticLimitError",
+    "ElasticRayExecutor",
     "ExecutorState",
     "ExecutorStateError",
     "HangError",
@@ -62,13 +65,43 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name != "RayExecutor":
-        raise AttributeError(f"module 'horovod_ray' has no attribute {name!r}")
-    from horovod_ray.executor import RayExecutor
+# Imported when first used (see above): name -> its module.
+_LAZY = {"RayExecutor": "horovod_ray.executor", "ElasticRayExecutor": "horovod_ray.elastic"}
+# horovod.ray 0.28.1's public names that have no counterpart here, and what to use instead.
+_HOROVOD_RAY_ONLY = {
+    "BaseHorovodWorker": (
+        "horovod.ray's actor class; horovod_ray starts its own: use "
+        "RayExecutor.start(executable_cls=...) for your class, and execute(fn) to reach "
+        "each rank's instance"
+    ),
+    "runner": "horovod.ray's module of RayExecutor: use horovod_ray.RayExecutor",
+    "adapter": "horovod.ray's internals: use horovod_ray.RayExecutor",
+    "strategy": "horovod.ray's placement internals: use RayExecutor's num_workers or num_hosts",
+    "driver_service": "horovod.ray's internals: use horovod_ray.RayExecutor",
+    "utils": "horovod.ray's internals: use horovod_ray.RayExecutor",
+    "worker": "horovod.ray's actor module: use RayExecutor.start(executable_cls=...)",
+    "elastic_v2": (
+        "horovod.ray's internals of RayExecutor(min_workers=...): use "
+        "horovod_ray.RayExecutor(min_workers=..., max_workers=...)"
+    ),
+}
 
-    globals()[name] = RayExecutor  # once: later lookups do not come here
-    return RayExecutor
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in ("elastic", "ray_logger"):  # horovod.ray's modules of these names
+        value = importlib.import_module(f"horovod_ray.{name}")
+    elif name in _HOROVOD_RAY_ONLY:
+        # ImportError, not AttributeError: `from horovod_ray import X` would replace an
+        # AttributeError's message with its own.
+        raise ImportError(f"horovod_ray has no {name}: {_HOROVOD_RAY_ONLY[name]}", name=name)
+    else:
+        raise AttributeError(f"module 'horovod_ray' has no attribute {name!r}")
+    globals()[name] = value  # once: later lookups do not come here
+    return value
 
 
 def __dir__() -> list[str]:

@@ -6,9 +6,11 @@ Every error derives from :class:`HorovodRayError`. Errors may cross process boun
 
 from __future__ import annotations
 
+import contextlib
+import re
 import traceback
 from types import TracebackType
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import cloudpickle
 
@@ -57,8 +59,9 @@ class StartCancelledError(ExecutorStateError):
         super().__init__(message)
 
 
-class ElasticLimitError(HorovodRayError):
-    """An elastic job hit one of its limits (too few ranks for too long, too many resets).
+class ElasticLimitError(HorovodRayError, RuntimeError):
+    """An elastic job hit one of its limits (too few ranks for too long, too many resets);
+    a RuntimeError too, as horovod.ray raised.
 
     Attributes:
         limit: ``"min_workers"`` or ``"reset_limit"``.
@@ -74,8 +77,9 @@ class ElasticLimitError(HorovodRayError):
         return (type(self), (self.limit, self.wanted, self.available, str(self)))
 
 
-class WorkerFailedError(HorovodRayError):
-    """One or more Horovod ranks raised an exception or died.
+class WorkerFailedError(HorovodRayError, RuntimeError):
+    """One or more Horovod ranks raised an exception or died; a RuntimeError too, as
+    horovod.ray raised.
 
     Attributes:
         failures: World rank -> what happened on it: the node and the original error text
@@ -221,3 +225,18 @@ def start_error(err: BaseException, cancelled: bool) -> BaseException:
     if isinstance(err, HorovodRayError):
         return err
     return HorovodRayError(f"RayExecutor.start() failed: {err}")
+
+
+@contextlib.contextmanager
+def named_as(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raises a ConfigError from within with its parameter under the caller's name for
+    it (``names``: the inner name -> the caller's), so that a front such as ``run()``
+    names what its user passed."""
+    try:
+        yield
+    except ConfigError as err:
+        name = names.get(err.parameter)
+        if name is None:
+            raise
+        message = re.sub(rf"\b{err.parameter}\b", name, str(err))
+        raise ConfigError(name, message) from None

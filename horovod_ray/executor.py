@@ -17,7 +17,7 @@ from ray.util.placement_group import PlacementGroup
 from horovod_ray.checkpoints import store
 from horovod_ray.errors import ExecutorStateError, start_error
 from horovod_ray.job import kinds
-from horovod_ray.job.layouts import job_layouts
+from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
     FINAL,
     CallGate,
@@ -83,6 +83,10 @@ class RayExecutor:
             a horovod ``HostDiscovery`` (``horovod.runner.elastic.discovery``) uses only
             the nodes it names (address, host name or node id), with at most the slots
             it gives each (None: as many as fit), asked as often as Ray's node table.
+        num_slots: horovod.ray's older name for ``num_workers_per_host`` (alone: one
+            host), with a DeprecationWarning.
+        cpus_per_slot: The same for ``cpus_per_worker``.
+        gpus_per_slot: The same for ``gpus_per_worker``.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -108,11 +112,15 @@ class RayExecutor:
         discovery_interval_s: float | None = None,
         hosts: Sequence[tuple[str, int]] | None = None,
         override_discovery: Any = True,
+        *,
+        num_slots: int | None = None,
+        cpus_per_slot: float | None = None,
+        gpus_per_slot: float | None = None,
     ) -> None:
         # Every argument but settings says what the job is: its layouts check them all.
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
         self.settings = settings = require_settings(settings)
-        self.layout, self.elastic = job_layouts(**arguments)
+        self.layout, self.elastic = job_layouts(**with_old_names(arguments))
         self._job = kinds.create(settings, self.layout, self.elastic)
         self._lifecycle = Lifecycle()
         self._calls = CallGate(self._lifecycle)
@@ -256,6 +264,15 @@ class RayExecutor:
         callbacks: Sequence[Callable[[dict], None]] | None = None,
     ) -> list[Any]:
         """Runs ``fn(*args, **kwargs)`` on every rank.
+
+        Args:
+            fn: The function; on an elastic job, with ``hvd.elastic.run`` inside.
+            args: Positional arguments for ``fn``.
+            kwargs: Keyword arguments for ``fn``.
+            callbacks: Called on the driver with each dict rank 0 passes to ``log()``,
+                while ``fn`` runs; on an elastic job, a callback with an
+                ``on_membership`` method (a ``horovod_ray.Callback``) also gets each
+                change of membership there.
 
         Returns:
             Each rank's return value, in world-rank order.

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
-import re
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
 from horovod_ray import local_ray
-from horovod_ray.errors import ConfigError
+from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.failures import restarts
 from horovod_ray.rank import calls
 from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings, is_int
@@ -70,7 +68,8 @@ def run(
             ``["eth0", "ens5"]``: each node uses the first it has. None picks one.
         env: More environment variables (str to str) for every rank.
         callbacks: Called on the driver with each dict rank 0 passes to ``log()``; for an
-            elastic job, with each change of membership.
+            elastic job, a callback with an ``on_membership`` method (a
+            ``horovod_ray.Callback``) also gets each change of membership there.
         min_workers: Makes the job elastic (see ``RayExecutor``): ``train_fn`` uses
             ``hvd.elastic.run`` and the world shrinks to no fewer than this many ranks.
             Leave ``num_hosts`` and ``num_slots`` unset then.
@@ -157,12 +156,12 @@ def run(
             discovery_interval_s=discovery_interval_s,
         )
 
-    with _named_as_run():
+    with named_as(_RUN_NAMES):
         executor()  # checks the job's arguments
         # Everything the executor would check later is checked now, before Ray starts,
         # and the function and its arguments are pickled once, here.
         call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
-        env = check_env(env)
+        env = check_env(env, "env")
     callbacks = calls.check_callbacks(callbacks)
     ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
     _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
@@ -182,21 +181,7 @@ def run(
 _RUN_NAMES = {
     "num_workers_per_host": "num_slots",
     "cpus_per_worker": "cpus_per_slot",
-    "extra_env_vars": "env",
 }
-
-
-@contextlib.contextmanager
-def _named_as_run() -> Iterator[None]:
-    """Re-raises the executor's ConfigError with the parameter's name in run()."""
-    try:
-        yield
-    except ConfigError as err:
-        name = _RUN_NAMES.get(err.parameter)
-        if name is None:
-            raise
-        message = re.sub(rf"\b{err.parameter}\b", name, str(err))
-        raise ConfigError(name, message) from None
 
 
 def _check_sizes(

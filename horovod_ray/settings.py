@@ -122,7 +122,8 @@ class Settings:
             ranks use the first of them that node has (a node with none of them fails the
             start). None picks one per node: loopback when the whole job is on one node,
             else the interface holding the node's Ray address.
-        verbose: 0 logs the rank table at DEBUG, 1 at INFO, 2 also logs rendezvous traffic.
+        verbose: 0 logs the rank table at DEBUG, 1 at INFO, 2 also logs rendezvous
+            traffic; True and False (horovod.ray's) are 1 and 0.
         stall_timeout_s: Seconds ranks may wait in a collective that another rank never
             enters before the job fails with ``HangError`` (horovod's stall inspector,
             made to shut the job down); 0 turns it off.
@@ -149,6 +150,8 @@ class Settings:
         require_seconds("stall_timeout_s", self.stall_timeout_s, zero="0: no hang detection")
         require_seconds("placement_group_timeout_s", self.placement_group_timeout_s)
         object.__setattr__(self, "nics", _normalize_nics(self.nics))
+        if isinstance(self.verbose, bool):  # horovod.ray's settings take True and False
+            object.__setattr__(self, "verbose", int(self.verbose))
         if not is_int(self.verbose) or self.verbose < 0:
             raise ConfigError("verbose", f"verbose must be an integer >= 0, got {self.verbose!r}")
         if self.niceness is not None and not (is_int(self.niceness) and 0 <= self.niceness <= 19):
@@ -246,32 +249,35 @@ MANAGED_ENV = frozenset(
 )
 
 
-def check_env(env: Mapping[str, object] | None) -> dict[str, str]:
-    """Checks ``extra_env_vars``; numbers and booleans become ``str(value)``, as upstream."""
+def check_env(
+    env: Mapping[str, object] | None, parameter: str = "extra_env_vars"
+) -> dict[str, str]:
+    """Checks the ranks' extra environment (``parameter``, the caller's name for it);
+    numbers and booleans become ``str(value)``, as upstream."""
     if env is None:
         return {}
     if not isinstance(env, Mapping):
         raise ConfigError(
-            "extra_env_vars",
-            f"extra_env_vars must be a dict of variable names to values, got {env!r}",
+            parameter,
+            f"{parameter} must be a dict of variable names to values, got {env!r}",
         )
     checked = {}
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key:
             raise ConfigError(
-                "extra_env_vars",
-                f"extra_env_vars keys must be variable names, got {key!r}",
+                parameter,
+                f"{parameter} keys must be variable names, got {key!r}",
             )
         if not isinstance(value, (str, int, float, bool)):
             raise ConfigError(
-                "extra_env_vars",
-                f"extra_env_vars values must be str, int, float or bool, got {key!r}: "
+                parameter,
+                f"{parameter} values must be str, int, float or bool, got {key!r}: "
                 f"{value!r} ({type(value).__name__})",
             )
         if key in MANAGED_ENV:
             raise ConfigError(
-                "extra_env_vars",
-                f"extra_env_vars may not set {key}: the executor sets it (use "
+                parameter,
+                f"{parameter} may not set {key}: the executor sets it (use "
                 f"create_settings for timeouts and interfaces)",
             )
         checked[key] = str(value)

@@ -68,6 +68,15 @@ def train(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
     return {**result, "weights": weights, "epochs": state.epochs}
 
 
+def train_announced(folder: str) -> dict:
+    """``train``, each rank first saying it started through horovod.ray's ``ray_logger``
+    (in an elastic job every rank's dicts reach the callbacks, as there)."""
+    from horovod_ray import ray_logger
+
+    ray_logger.log({"started": True})
+    return train(folder)
+
+
 def train_keras(folder: str, pause_s: float = 0.1, max_steps: int = 10_000) -> dict:
     """The same loop around a Keras model in ``hvd.elastic.KerasState``: each step is one
     ``train_on_batch`` with ``hvd.DistributedOptimizer`` on the rank's own batch, and
@@ -164,3 +173,18 @@ def grow_after_a_slow_start(folder: str, until: int = 0, steps: int = 300) -> li
         return state.sizes
 
     return loop(state)
+
+
+class Heard(horovod_ray.Callback):
+    """What a job's callbacks heard: rank 0's log() dicts in ``logs``, each change of
+    membership in ``changes`` (a plain callable gets only the first)."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+        self.changes: list[dict] = []
+
+    def __call__(self, item: dict) -> None:
+        self.logs.append(item)
+
+    def on_membership(self, change: dict) -> None:
+        self.changes.append(change)

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 def test_hierarchy():
     assert issubclass(ConfigError, ValueError)
     assert issubclass(PlacementTimeoutError, TimeoutError)
+    # horovod.ray raised RuntimeError where these are raised: code catching it still does.
+    assert issubclass(WorkerFailedError, RuntimeError)
+    assert issubclass(ElasticLimitError, RuntimeError)
     for cls in (
         ConfigError,
         PlacementTimeoutError,

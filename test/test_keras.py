@@ -41,7 +41,10 @@ def executor(_job) -> RayExecutor:
     if current is None or current.state is not ExecutorState.RUNNING:
         if current is not None:
             current.stop()
-        current = RayExecutor(RayExecutor.create_settings(timeout_s=120), num_workers=2)
+        # horovod's tensorflow2_mnist_ray example's form (horovod.ray 0.20-0.22 names).
+        settings = RayExecutor.create_settings(timeout_s=120)
+        with pytest.warns(DeprecationWarning, match="older name"):
+            current = RayExecutor(settings, num_hosts=1, num_slots=2, cpus_per_slot=1)
         current.start()
         _job["executor"] = current
     return current

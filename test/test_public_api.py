@@ -16,7 +16,9 @@ pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 # What users import, as README.rst and docs/ show it. A name that moves or goes must fail here.
 PUBLIC = {
     "horovod_ray": [
+        "Callback",
         "ConfigError",
+        "ElasticRayExecutor",
         "ElasticLimitError",
         "ExecutorState",
         "ExecutorStateError",
@@ -54,6 +56,8 @@ PUBLIC = {
         "WorkerFailedError",
     ],
     "horovod_ray.executor": ["RayExecutor"],
+    "horovod_ray.elastic": ["ElasticRayExecutor", "RayHostDiscovery"],
+    "horovod_ray.ray_logger": ["log"],
     "horovod_ray.settings": ["Settings", "create_settings"],
     "horovod_ray.run": ["run"],
     "horovod_ray.tune": ["DistributedTrainableCreator"],

@@ -84,6 +84,8 @@ class ElasticRun:
         self._actors: dict[int, Any] = {}  # by the id of the slot thread's call
         self._gpus = bringup.NodeGpus()
         self._outcome = _Outcome()
+        # (is a change of membership, the dict): rank 0's log() dicts and the changes,
+        # in the order they happened, for the run's own thread to deliver.
         self._events: queue.Queue = queue.Queue()
         self._driver: elastic_driver.Driver | None = None
         self._server: RendezvousServer | None = None
@@ -114,7 +116,7 @@ class ElasticRun:
                 target=self._drive, args=(driver, result), name="horovod_ray-elastic", daemon=True
             )
             thread.start()
-            deliver = logs.to_all(callbacks)
+            deliver = (logs.to_all(callbacks), logs.to_membership_hooks(callbacks))
             while thread.is_alive() and self._state.is_in(RunState.RUNNING):
                 self._deliver(deliver)
                 if autoscaler is not None:
@@ -193,22 +195,27 @@ class ElasticRun:
         except BaseException as err:  # noqa: BLE001 - handed to the caller
             result["error"] = err
 
-    def _deliver(self, deliver: Callable[[dict], None]) -> None:
+    def _deliver(self, deliver: tuple[Callable[[dict], None], Callable[[dict], None]]) -> None:
+        """Hands what came since the last time to the callbacks: rank 0's dicts to every
+        callback, each change of membership to those that ask for them."""
+        to_all, to_hooks = deliver
         while True:
             try:
-                event = self._events.get_nowait()
+                is_change, item = self._events.get_nowait()
             except queue.Empty:
                 return
-            if event.get("event") == "membership":
-                logger.info("elastic job: %s", event)
-            deliver(event)
+            if is_change:
+                logger.info("elastic job: %s", item)
+                to_hooks(item)
+            else:
+                to_all(item)
 
     def _on_world(self, world: list[RankInfo]) -> None:
         with self._lock:
             before = self._outcome.worlds[-1] if self._outcome.worlds else []
             self._outcome.worlds.append(world)
             resets = len(self._outcome.worlds) - 1
-        self._events.put(membership_change(before, world, resets))
+        self._events.put((True, membership_change(before, world, resets)))
 
     def _conclude(self, result: dict[str, Any]) -> list[Any]:
         """The final world's results, or the error ``attribution.elastic_error`` decides."""
@@ -334,7 +341,7 @@ class ElasticRun:
         fn_ref, args = self._call
         ref = actor.call.remote(1, None, fn_ref, args)
         # Every rank's channel is open in an elastic job; it posts while it is rank 0.
-        return logs.collect(actor, [ref], self._events.put, 1, check)[0]
+        return logs.collect(actor, [ref], lambda item: self._events.put((False, item)), 1, check)[0]
 
     def _checker(self, events: Sequence[threading.Event]) -> Callable[[], None]:
         """What a slot's waits call: raises once the driver or stop() lets the slot go."""

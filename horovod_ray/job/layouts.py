@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from typing import Any, Mapping, Sequence
 
 from horovod_ray.errors import ConfigError
@@ -230,6 +231,57 @@ def job_layouts(
     if not use_current_placement_group:
         layout.require_counts()
     return layout, bounds
+
+
+# horovod.ray's older constructor names (horovod 0.20-0.22), and what each became.
+OLD_NAMES = {
+    "num_slots": "num_workers_per_host",
+    "cpus_per_slot": "cpus_per_worker",
+    "gpus_per_slot": "gpus_per_worker",
+}
+# What the new names are when not given, to tell a clash from a default.
+_DEFAULTS = {"num_workers_per_host": 1, "cpus_per_worker": 1, "gpus_per_worker": None}
+
+
+def with_old_names(arguments: dict[str, Any]) -> dict[str, Any]:
+    """RayExecutor's arguments with horovod.ray's older names (``num_slots``,
+    ``cpus_per_slot``, ``gpus_per_slot``) moved to today's, each with a
+    DeprecationWarning, as horovod 0.22 did; ``num_slots`` alone also means one host,
+    as in horovod 0.20 and ``run()``.
+
+    Raises:
+        ConfigError: An old name with its new one set to another value, or
+            ``num_slots`` where it has no meaning.
+    """
+    arguments = dict(arguments)
+    for old, new in OLD_NAMES.items():
+        value = arguments.pop(old, None)
+        if value is None:
+            continue
+        require_positive(old, value, integer=old == "num_slots")
+        if arguments[new] not in (_DEFAULTS[new], value):
+            raise ConfigError(
+                old, f"{old}={value!r} and {new}={arguments[new]!r} clash: give {new} alone"
+            )
+        arguments[new] = value
+        instead = f"{new}={value!r}"
+        if old == "num_slots":
+            for other in ("num_workers", "min_workers", "max_workers", "hosts"):
+                if arguments[other] is not None:
+                    raise ConfigError(
+                        "num_slots",
+                        f"num_slots (ranks per host) goes with num_hosts, not {other}: give "
+                        f"num_hosts=H, num_workers_per_host={value!r}, or {other} alone",
+                    )
+            if arguments["num_hosts"] is None:
+                arguments["num_hosts"] = 1
+            instead = f"num_hosts={arguments['num_hosts']!r}, {instead}"
+        warnings.warn(
+            f"{old} is horovod.ray's older name for {new}: give {instead} instead",
+            DeprecationWarning,
+            stacklevel=3,  # the caller of RayExecutor()
+        )
+    return arguments
 
 
 def _elastic_bounds(

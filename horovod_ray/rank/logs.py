@@ -147,6 +147,24 @@ def log(metrics: Mapping[str, Any]) -> None:
     post(dict(metrics))
 
 
+def log_any_rank(metrics: Mapping[str, Any]) -> None:
+    """As :func:`log`, from whichever rank calls it in an elastic job (every rank's dicts
+    reach the callbacks there, as horovod.ray's ``ray_logger.log``); rank 0's in a static
+    job.
+
+    Raises:
+        ConfigError: ``metrics`` is not a mapping.
+    """
+    if not isinstance(metrics, Mapping):
+        raise ConfigError(
+            "info_dict",
+            f"ray_logger.log() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
+        )
+    channel = _channel
+    if channel is not None:
+        channel.put(dict(metrics))
+
+
 def post(item: object) -> None:
     """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
     channel = _channel
@@ -211,6 +229,22 @@ def take(call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
 # ------------------------------------------------------------------------ driver's half
 
 
+class Callback:
+    """A driver-side callback for ``run()``/``execute()`` that also hears of an elastic
+    job's changes of membership. Subclass it, or give any callable an ``on_membership``
+    method: a plain callable gets only the dicts ranks log, as horovod.ray's did.
+    """
+
+    def __call__(self, item: dict) -> None:
+        """Gets each dict rank 0 passes to ``log()`` (and, in an elastic job, any rank to
+        ``ray_logger.log()``), in order, while the call runs."""
+
+    def on_membership(self, change: dict) -> None:
+        """Gets each change of an elastic job's membership (``event``: ``"membership"``,
+        ``size_before``, ``size_after``, ``nodes_added``, ``nodes_removed``,
+        ``ranks_added``, ``ranks_removed``, ``reset``), the first world's included."""
+
+
 def to_all(callbacks: Iterable[Callable[[dict], None]]) -> Callable[[dict], None]:
     """One delivery that hands each dict to every callback, in order."""
     callbacks = list(callbacks)
@@ -220,6 +254,13 @@ def to_all(callbacks: Iterable[Callable[[dict], None]]) -> Callable[[dict], None
             callback(item)
 
     return deliver
+
+
+def to_membership_hooks(callbacks: Iterable[Callable[[dict], None]]) -> Callable[[dict], None]:
+    """One delivery that hands each change of membership to every callback that asks
+    for them (an ``on_membership`` method), in order."""
+    hooks = [getattr(callback, "on_membership", None) for callback in callbacks]
+    return to_all(hook for hook in hooks if callable(hook))
 
 
 def collect(

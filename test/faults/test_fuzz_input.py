@@ -77,6 +77,10 @@ EXECUTOR = {
     "discovery_interval_s": (SECONDS, {"min_workers": 1}),
     "hosts": (HOSTS, {}),
     "override_discovery": ([False, 5, "all", {"a": 1}], {"min_workers": 1}),
+    # horovod.ray's older names (None: not given).
+    "num_slots": (COUNT_OR_NONE, {"num_hosts": 2}),
+    "cpus_per_slot": ([v for v in AMOUNT if v is not None], {"num_workers": 2}),
+    "gpus_per_slot": ([v for v in AMOUNT if v is not None], {"num_workers": 2, "use_gpu": True}),
 }
 
 

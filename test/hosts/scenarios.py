@@ -350,7 +350,7 @@ def elastic_host_lost(params: dict) -> dict:
     """An elastic job over three hosts (six ranks) loses one host and goes on with four."""
     import tempfile
 
-    from test.elastic_training import train
+    from test.elastic_training import Heard, train
 
     victim = params["hosts"][params["victim"]]
     folder = tempfile.mkdtemp(prefix="hr-elastic-")
@@ -372,12 +372,12 @@ def elastic_host_lost(params: dict) -> dict:
     settings = RayExecutor.create_settings(timeout_s=60)
     executor = RayExecutor(settings, min_workers=2, max_workers=6, elastic_timeout=120)
     executor.start()
-    events: list[dict] = []
+    heard = Heard()
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            outcome["results"] = executor.run(train, args=(folder,), callbacks=[events.append])
+            outcome["results"] = executor.run(train, args=(folder,), callbacks=[heard])
         except Exception as err:  # noqa: BLE001 - reported
             outcome["error"] = repr(err)
 
@@ -401,7 +401,7 @@ def elastic_host_lost(params: dict) -> dict:
     results = outcome.get("results") or []
     return {
         "error": outcome.get("error"),
-        "sizes": [e["size_after"] for e in events if e.get("event") == "membership"],
+        "sizes": [e["size_after"] for e in heard.changes],
         "history": results[0]["history"] if results else [],
         "ranks": [r["rank"] for r in results],
         "shrink_s": shrink_s,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -13,12 +14,19 @@ from pathlib import Path
 import pytest
 import ray
 
-from horovod_ray import RayExecutor
+from horovod_ray import ElasticRayExecutor, RayExecutor
+from horovod_ray.elastic import RayHostDiscovery
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.rank import logs
 from test.autoscaling import alive_worker_nodes, drain_node, standing_request
 from test.conftest import same_on_every_rank, start_cluster, stop_ray
-from test.elastic_training import grow_after_a_slow_start, train, train_keras
+from test.elastic_training import (
+    Heard,
+    grow_after_a_slow_start,
+    train,
+    train_announced,
+    train_keras,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -74,13 +82,14 @@ class _Run:
     """An elastic run() in a thread, its membership events, and its outcome."""
 
     def __init__(self, executor: RayExecutor, folder: Path, fn=train, *args) -> None:
-        self.events: list[dict] = []
+        self.heard = Heard()
+        self.plain: list[dict] = []  # a horovod.ray callback: log() dicts only
         self.outcome: dict = {}
 
         def target() -> None:
             try:
                 self.outcome["results"] = executor.run(
-                    fn, args=(str(folder), *args), callbacks=[self.events.append]
+                    fn, args=(str(folder), *args), callbacks=[self.plain.append, self.heard]
                 )
             except BaseException as err:  # noqa: BLE001 - read by the test
                 self.outcome["error"] = err
@@ -95,13 +104,13 @@ class _Run:
         assert "error" not in self.outcome, self.outcome.get("error")
 
     def sizes(self) -> list[int]:
-        return [e["size_after"] for e in self.events if e.get("event") == "membership"]
+        return [e["size_after"] for e in self.changes()]
 
     def changes(self) -> list[dict]:
-        return [e for e in self.events if e.get("event") == "membership"]
+        return list(self.heard.changes)
 
     def logged(self) -> list[tuple[int, int]]:
-        return [(e["step"], e["size"]) for e in self.events if "step" in e]
+        return [(e["step"], e["size"]) for e in self.heard.logs]
 
 
 def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
@@ -154,6 +163,7 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
     # Rank 0's log() dicts, whichever rank was 0: one per step and world size.
     logged = run.logged()
     assert len(logged) == len(set(logged)) and {size for _, size in logged} == {4, 6}
+    assert run.plain == run.heard.logs  # a plain callable hears no change of membership
     assert max(step for step, _ in logged) == len(steps)
     assert standing_request() == []  # withdrawn at the end
     _wait_for(lambda: _our_actors() == [], 30, "every worker actor gone")
@@ -430,6 +440,38 @@ def test_other_calls_are_refused_on_an_elastic_job(cluster):
                 call()
     finally:
         executor.stop()
+
+
+def test_horovod_rays_elastic_executor_with_its_own_discovery(cluster, tmp_path):
+    """horovod's elastic Ray examples as written for horovod.ray, the import changed:
+    ElasticRayExecutor, a RayHostDiscovery subclass in settings.discovery with
+    override_discovery=False, and a callback; the training holds a TorchState."""
+    left_out = sorted(node.node_id for node in cluster.worker_nodes)[0]
+
+    class AllButOne(RayHostDiscovery):
+        def find_available_hosts_and_slots(self) -> dict[str, int]:
+            hosts = super().find_available_hosts_and_slots()  # node ids: one machine
+            return {host: slots for host, slots in hosts.items() if host != left_out}
+
+    (tmp_path / "finish").touch()  # one step
+    settings = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=6, verbose=True)
+    settings.discovery = AllButOne(cpus_per_slot=1)
+    with pytest.warns(DeprecationWarning, match="ElasticRayExecutor is deprecated"):
+        executor = ElasticRayExecutor(settings, cpus_per_slot=1, override_discovery=False)
+    executor.start()
+    heard, plain = Heard(), []
+    try:
+        results = executor.run(
+            functools.partial(train_announced, str(tmp_path)), [plain.append, heard]
+        )
+    finally:
+        executor.shutdown()
+    assert [(r["rank"], r["size"]) for r in results] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    (first,) = heard.changes
+    assert len(first["nodes_added"]) == 2 and left_out not in first["nodes_added"]
+    assert plain == heard.logs  # no change of membership among them
+    assert plain.count({"started": True}) == 4  # ray_logger: every rank's
+    assert [(e["step"], e["size"]) for e in plain if "step" in e] == [(1, 4)]  # rank 0's
 
 
 def test_repeated_runs_leak_nothing(cluster, tmp_path):

@@ -24,9 +24,10 @@ def main(folder: str) -> None:
     Path(folder, "go").touch()  # no slow start: the ranks enter their loop at once
     called, at_six = time.monotonic(), []
 
-    def on_event(event: dict) -> None:
-        if event.get("event") == "membership" and event["size_after"] == 6 and not at_six:
-            at_six.append(round(time.monotonic() - called, 1))
+    class AtSix(horovod_ray.Callback):
+        def on_membership(self, change: dict) -> None:
+            if change["size_after"] == 6 and not at_six:
+                at_six.append(round(time.monotonic() - called, 1))
 
     results = horovod_ray.run(
         grow_after_a_slow_start,
@@ -35,7 +36,7 @@ def main(folder: str) -> None:
         max_workers=6,
         cpus_per_slot=1,
         elastic_timeout=120,
-        callbacks=[on_event],
+        callbacks=[AtSix()],
     )
     ended = time.monotonic()
     request, nodes_at_end = standing_request(), alive_worker_nodes()

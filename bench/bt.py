@@ -1,8 +1,12 @@
 """BT: horovod.torch on horovod_ray against the peers a PyTorch user would pick instead.
 
-* BT1, allreduce throughput on 2 ranks: ``horovod.torch`` in a horovod_ray job against
-  ``torch.distributed``'s gloo backend in two Ray actors (what Ray Train's TorchTrainer
-  runs), on the same float32 tensors, MB/s.
+* BT1, allreduce throughput: ``horovod.torch`` in a horovod_ray job against
+  ``torch.distributed``'s gloo backend in Ray actors (what Ray Train's TorchTrainer
+  runs), on the same float32 tensors, MB/s: at each of BT_SIZES on 2 ranks (``bt1_by_size``;
+  ``bt1_ratio`` is the 64 MB point) and at 64 MB on 4 ranks.
+* BT4, many small tensors: one step of 100 gradients of 100 KB on 2 ranks, through
+  ``hvd.DistributedOptimizer`` against DistributedDataParallel's bucketed allreduce of
+  the same gradients (the same SGD step after both), steps per second.
 * BT2, one epoch of the digits model (``examples/pytorch_digits.py``'s data, model and
   batch size) on 2 ranks: horovod_ray with ``hvd.DistributedOptimizer`` against Ray Train's
   ``TorchTrainer`` (DistributedDataParallel, gloo), the second epoch timed inside the loop.
@@ -38,60 +42,154 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def hvd_allreduce_seconds(nbytes: int, iters: int, warmup: int) -> float:
-    """BT1 on a Horovod rank: seconds for ``iters`` in-place float32 sum-allreduces."""
+BT_SIZES = (1 << 20, 16 << 20, 64 << 20, 256 << 20)
+SMALL_TENSORS, SMALL_FLOATS = 100, 25_000  # BT4: 100 gradients of 100 KB
+
+
+def bt1_points(mode: Mode) -> list[tuple[int, int]]:
+    """(bytes, timed iterations) of each BT1 size: about the bytes of B1's loop at each,
+    at least 5 and at most 100 iterations; B1's size alone in smaller modes."""
+    sizes = BT_SIZES if mode.b1_bytes >= 64 << 20 else (mode.b1_bytes,)
+    budget = mode.b1_bytes * mode.b1_iters
+    return [(n, max(min(5, mode.b1_iters), min(100, budget // n))) for n in sizes]
+
+
+def _allreduces(allreduce, points: list[tuple[int, int]], warmup: int, start) -> list[float]:
+    """Seconds of each point's ``iters`` in-place float32 sum-allreduces, all ranks
+    starting each point together (``start()``)."""
+    import torch
+
+    seconds = []
+    for nbytes, iters in points:
+        data = torch.ones(nbytes // 4)
+        for _ in range(warmup):
+            allreduce(data)
+        start()
+        began = time.perf_counter()
+        for _ in range(iters):
+            allreduce(data)
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
+def _small_module():
+    """BT4's model: SMALL_TENSORS parameters whose gradients are all ones."""
+    import torch
+
+    class Many(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = torch.nn.ParameterList(
+                torch.nn.Parameter(torch.ones(SMALL_FLOATS)) for _ in range(SMALL_TENSORS)
+            )
+
+        def forward(self):
+            return sum(w.sum() for w in self.weights)
+
+    return Many()
+
+
+def _steps_per_s(step, steps: int, warmup: int, start) -> float:
+    for _ in range(warmup):
+        step()
+    start()
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps / (time.perf_counter() - began)
+
+
+def hvd_figures(points: list[tuple[int, int]], warmup: int, steps: int) -> dict:
+    """On a Horovod rank: BT1's seconds at each point, then BT4's steps per second
+    (none with ``steps`` 0)."""
     import horovod.torch as hvd
     import torch
 
     hvd.init()
-    data = torch.ones(nbytes // 4)
-    for _ in range(warmup):
-        hvd.allreduce_(data, op=hvd.Sum, name="bt1")
-    hvd.allreduce(torch.tensor(0.0), name="bt1.start")  # all ranks start together
-    start = time.perf_counter()
-    for _ in range(iters):
-        hvd.allreduce_(data, op=hvd.Sum, name="bt1")
-    return time.perf_counter() - start
+
+    def start():
+        hvd.allreduce(torch.tensor(0.0), name="bt.start")
+
+    seconds = _allreduces(
+        lambda data: hvd.allreduce_(data, op=hvd.Sum, name="bt1"), points, warmup, start
+    )
+    if not steps:
+        return {"seconds": seconds}
+    model = _small_module()
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        named_parameters=model.named_parameters(),
+        op=hvd.Sum,
+    )
+
+    def step():
+        optimizer.zero_grad()
+        model().backward()
+        optimizer.step()
+
+    return {"seconds": seconds, "steps_per_s": _steps_per_s(step, steps, warmup, start)}
 
 
 class _TorchDistRank:
     """A torch.distributed rank (gloo) in a Ray actor, as TorchTrainer's workers are."""
 
-    def seconds(self, rank: int, port: int, nbytes: int, iters: int, warmup: int) -> float:
-        """BT1 on this rank: the same loop as ``hvd_allreduce_seconds``."""
+    def figures(
+        self, rank: int, size: int, port: int, points: list, warmup: int, steps: int
+    ) -> dict:
+        """The same as ``hvd_figures``, with DistributedDataParallel for BT4."""
         import torch
         import torch.distributed as dist
 
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORKERS
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
         )
         try:
-            data = torch.ones(nbytes // 4)
-            for _ in range(warmup):
-                dist.all_reduce(data)
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(data)
-            return time.perf_counter() - start
+            seconds = _allreduces(dist.all_reduce, points, warmup, dist.barrier)
+            if not steps:
+                return {"seconds": seconds}
+            model = _small_module()
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+
+            def step():
+                optimizer.zero_grad()
+                ddp().backward()
+                optimizer.step()
+
+            steps_per_s = _steps_per_s(step, steps, warmup, dist.barrier)
+            return {"seconds": seconds, "steps_per_s": steps_per_s}
         finally:
             dist.destroy_process_group()
 
 
-def torch_distributed_seconds(nbytes: int, iters: int, warmup: int) -> float:
-    """BT1's peer: two fresh Ray actors joined in a gloo process group; rank 0's seconds."""
+def torch_distributed_figures(workers: int, points: list, warmup: int, steps: int) -> dict:
+    """BT1's and BT4's peer: fresh Ray actors joined in a gloo process group; rank 0's."""
     import ray
 
     rank_actor = ray.remote(num_cpus=1)(_TorchDistRank)
-    actors = [rank_actor.remote() for _ in range(WORKERS)]
+    actors = [rank_actor.remote() for _ in range(workers)]
     try:
         port = free_port()
         return ray.get(
-            [a.seconds.remote(r, port, nbytes, iters, warmup) for r, a in enumerate(actors)]
+            [
+                a.figures.remote(r, workers, port, points, warmup, steps)
+                for r, a in enumerate(actors)
+            ]
         )[0]
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def _alternate_figures(systems: dict, reps: int) -> dict[str, list[dict]]:
+    """``alternate`` for systems that return several figures at once (a dict)."""
+    names = list(systems)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            runs[name].append(systems[name]())
+            print(f"  rep {rep + 1}/{reps}  {name:<22} {runs[name][-1]}", flush=True)
+    return runs
 
 
 def _digits(rank: int, size: int):
@@ -201,24 +299,41 @@ def _trainer_metrics(loop, storage: str) -> dict:
 def bt(mode: Mode) -> dict:
     import horovod_ray
 
-    print("BT horovod.torch against torch.distributed and TorchTrainer, 2 workers", flush=True)
-    nbytes, iters, warmup = mode.b1_bytes, mode.b1_iters, mode.b1_warmup
-    megabytes = nbytes * iters / 1e6
-    out: dict = {"bt_setup": {"bytes": nbytes, "iters": iters, "workers": WORKERS}}
-    allreduce = alternate(
+    print("BT horovod.torch against torch.distributed and TorchTrainer", flush=True)
+    points, warmup = bt1_points(mode), mode.b1_warmup
+    steps = max(10, mode.b3_calls // 2)  # BT4: 150 steps in the full mode
+    four = [(mode.b1_bytes, mode.b1_iters)]  # 64 MB on 4 ranks
+    runs = _alternate_figures(
         {
-            "horovod_ray": lambda: (
-                megabytes
-                / horovod_ray_run(WORKERS, hvd_allreduce_seconds, nbytes, iters, warmup)[0]
-            ),
-            "torch.distributed": lambda: (
-                megabytes / torch_distributed_seconds(nbytes, iters, warmup)
-            ),
+            "horovod_ray": lambda: horovod_ray_run(WORKERS, hvd_figures, points, warmup, steps)[0],
+            "torch.distributed": lambda: torch_distributed_figures(WORKERS, points, warmup, steps),
+            "horovod_ray x4": lambda: horovod_ray_run(4, hvd_figures, four, warmup, 0)[0],
+            "torch.distributed x4": lambda: torch_distributed_figures(4, four, warmup, 0),
         },
         mode.reps,
     )
-    out["bt1_allreduce_mbps"] = {name: summary(v) for name, v in allreduce.items()}
-    out["bt1_ratio"] = ratio(allreduce["horovod_ray"], allreduce["torch.distributed"])
+    out: dict = {"bt_setup": {"points": points, "workers": WORKERS, "bt4_steps": steps}}
+    by_size: dict = {}
+    for ranks, suffix, where in ((WORKERS, "", points), (4, " x4", four)):
+        for i, (nbytes, iters) in enumerate(where):
+            mbps = {
+                name: [nbytes * iters / 1e6 / run["seconds"][i] for run in runs[name + suffix]]
+                for name in ("horovod_ray", "torch.distributed")
+            }
+            by_size[f"{nbytes >> 20} MB x{ranks}"] = {
+                **{name: summary(v) for name, v in mbps.items()},
+                "ratio": ratio(mbps["horovod_ray"], mbps["torch.distributed"]),
+            }
+    out["bt1_by_size"] = by_size
+    main = by_size[f"{mode.b1_bytes >> 20} MB x{WORKERS}"]
+    out["bt1_allreduce_mbps"] = {n: main[n] for n in ("horovod_ray", "torch.distributed")}
+    out["bt1_ratio"] = main["ratio"]
+    small = {
+        "horovod_ray": [run["steps_per_s"] for run in runs["horovod_ray"]],
+        "DDP": [run["steps_per_s"] for run in runs["torch.distributed"]],
+    }
+    out["bt4_steps_per_s"] = {name: summary(v) for name, v in small.items()}
+    out["bt4_ratio"] = ratio(small["horovod_ray"], small["DDP"])
     with tempfile.TemporaryDirectory() as storage:
         epoch = alternate(
             {

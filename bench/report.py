@@ -16,6 +16,27 @@ def print_table(results: dict) -> None:
     _print_b8(results)
     _print_b7(results)
     _print_b9(results)
+    _print_bt(results)
+
+
+def _print_bt(results: dict) -> None:
+    for point, systems in results.get("bt1_by_size", {}).items():
+        print(f"BT1 allreduce {point}")
+        for name, s in systems.items():
+            if name != "ratio":
+                print(_row(name, s, "MB/s"))
+        print(f"  {'ratio vs torch.distributed':<32} {systems['ratio']:.3f}")
+    for key, unit in (
+        ("bt4_steps_per_s", "step/s"),
+        ("bt2_epoch_s", "s"),
+        ("bt3_cold_start_s", "s"),
+    ):
+        if key in results:
+            print(f"{key.split('_')[0].upper()} {key}")
+            for name, s in results[key].items():
+                print(_row(name, s, unit))
+            ratio_key = key.split("_")[0] + "_ratio"
+            print(f"  {ratio_key:<32} {results[ratio_key]:.3f}")
 
 
 def _print_b9(results: dict) -> None:

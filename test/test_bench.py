@@ -115,8 +115,10 @@ def test_the_pytorch_comparison_produces_every_figure(tmp_path):
         "bt1_allreduce_mbps": "torch.distributed",
         "bt2_epoch_s": "TorchTrainer",
         "bt3_cold_start_s": "TorchTrainer",
+        "bt4_steps_per_s": "DDP",
     }
     for key, peer in peers.items():
         assert set(figures[key]) == {"horovod_ray", peer}
         assert all(math.isfinite(n) and n > 0 for n in _numbers(figures[key])), key
-    assert all(figures[key] > 0 for key in ("bt1_ratio", "bt2_ratio", "bt3_ratio"))
+    assert all(figures[f"bt{n}_ratio"] > 0 for n in (1, 2, 3, 4))
+    assert set(figures["bt1_by_size"]) == {"1 MB x2", "1 MB x4"}  # the smoke's one size

@@ -90,6 +90,16 @@ def test_sync_batch_norm_on_cpu_normalises_over_every_ranks_batch(executor):
         assert min(rank["sizes"]) > 0.1
 
 
+def test_a_rank_waiting_for_a_collective_sleeps(executor):
+    """Rank 0 waits about a second for rank 1: its waiting thread must not spin. Stock
+    horovod's wait (a loop of poll and yield) spends about as much CPU as it waits, on 2
+    cores a large part of it; this sleeps on a condition variable (a few milliseconds)."""
+    rank0, rank1 = executor.run(torch_training.waiting_cpu)
+    assert rank0["sum"] == rank1["sum"] == 2.0
+    assert rank0["wall_s"] > 0.5
+    assert rank0["cpu_s"] < 0.1 * rank0["wall_s"]
+
+
 def _both_frameworks() -> list:
     """Rank 0 imports horovod.torch first, rank 1 horovod.tensorflow first; both then use
     each framework."""
@@ -140,6 +150,20 @@ def test_the_install_check_sees_sync_batch_norm_on_cpus(monkeypatch, tmp_path):
     )
     monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
     assert not build.sync_batch_norm_on_cpu()
+
+
+@pytest.mark.unit
+def test_the_install_check_sees_the_wait_without_spinning(monkeypatch, tmp_path):
+    """The patched horovod's torch extension, then a stock one's."""
+    from horovod_ray.stack import build
+
+    assert build.torch_waits_without_spinning()
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so").write_bytes(
+        b"\x7fELF Handle was not created or has been cleared."
+    )
+    monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
+    assert not build.torch_waits_without_spinning()
 
 
 @pytest.mark.unit

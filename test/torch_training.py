@@ -170,6 +170,30 @@ def collectives() -> dict:
     return out
 
 
+def waiting_cpu(delay_s: float = 1.0) -> dict:
+    """Rank 1 joins an allreduce ``delay_s`` late; each rank's wall time in it and the CPU
+    time its own thread spent meanwhile. A thread that waits for horovod should sleep:
+    stock horovod.torch polls in a loop that keeps a core busy for the whole wait,
+    taking it from the threads that do the work
+    (patches/horovod-0.28.1-torch-wait-without-spinning.patch)."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    hvd.allreduce(torch.tensor(0.0), name="waiting_cpu.start")
+    if hvd.rank() == 1:
+        time.sleep(delay_s)
+    wall, cpu = time.perf_counter(), time.thread_time()
+    total = hvd.allreduce(torch.tensor(1.0), op=hvd.Sum, name="waiting_cpu").item()
+    return {
+        "wall_s": time.perf_counter() - wall,
+        "cpu_s": time.thread_time() - cpu,
+        "sum": total,
+    }
+
+
 def uneven_then_join() -> dict:
     """Rank r runs r + 1 allreduces, then joins: a joined rank's share is zero, ``join``
     returns the last rank to join, and named collectives go on afterwards. (Unnamed ones

@@ -176,6 +176,18 @@ def sync_batch_norm_on_cpu() -> bool:
     return False
 
 
+def torch_waits_without_spinning() -> bool:
+    """Whether ``horovod.torch``'s wait for a collective sleeps (this repo's patch
+    horovod-*-torch-wait-without-spinning.patch); stock horovod's loops on poll and yield,
+    taking a core from the threads that do the work (docs/benchmarks.rst)."""
+    package_dir = _horovod_dir()
+    libs = glob.glob(os.path.join(package_dir or "", "torch", "mpi_lib_v2*.so"))
+    if not libs:
+        return False
+    with open(libs[0], "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(b"was cleared while it was waited on") >= 0
+
+
 def require_gloo() -> None:
     """Raises HorovodRayError, naming the install command, unless horovod has Gloo and a
     framework extension."""

@@ -31,6 +31,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     require_gloo,
     sync_batch_norm_on_cpu,
     torch_installed,
+    torch_waits_without_spinning,
 )
 
 
@@ -151,6 +152,13 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
             print("horovod_ray: horovod has SyncBatchNorm on CPUs (horovod.torch)")
         else:
             print("horovod_ray: horovod's SyncBatchNorm is GPU-only, as released")
+        if torch_waits_without_spinning():
+            print("horovod_ray: horovod.torch waits for collectives without spinning")
+        else:
+            print(
+                "horovod_ray: horovod.torch spins while it waits for a collective, as "
+                "released (slower on few cores; `make install` builds it with the fix)"
+            )
     else:
         print(
             "horovod_ray: PyTorch is installed but horovod lacks its extension, so "

@@ -28,7 +28,16 @@ import tempfile
 import time
 
 import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.common import NUM_CPUS, ROOT, Mode, alternate, horovod_ray_run, ratio, summary
+from bench.common import (
+    NUM_CPUS,
+    ROOT,
+    Mode,
+    alternate,
+    horovod_ray_run,
+    ratio,
+    summary,
+    timed,
+)
 
 WORKERS = 2
 BATCH_SIZE = 32  # examples/pytorch_digits.py's default
@@ -62,13 +71,7 @@ def _allreduces(allreduce, points: list[tuple[int, int]], warmup: int, start) ->
     seconds = []
     for nbytes, iters in points:
         data = torch.ones(nbytes // 4)
-        for _ in range(warmup):
-            allreduce(data)
-        start()
-        began = time.perf_counter()
-        for _ in range(iters):
-            allreduce(data)
-        seconds.append(time.perf_counter() - began)
+        seconds.append(timed(lambda data=data: allreduce(data), iters, warmup, start))
     return seconds
 
 
@@ -87,16 +90,6 @@ def _small_module():
             return sum(w.sum() for w in self.weights)
 
     return Many()
-
-
-def _steps_per_s(step, steps: int, warmup: int, start) -> float:
-    for _ in range(warmup):
-        step()
-    start()
-    began = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return steps / (time.perf_counter() - began)
 
 
 def hvd_figures(points: list[tuple[int, int]], warmup: int, steps: int) -> dict:
@@ -127,7 +120,7 @@ def hvd_figures(points: list[tuple[int, int]], warmup: int, steps: int) -> dict:
         model().backward()
         optimizer.step()
 
-    return {"seconds": seconds, "steps_per_s": _steps_per_s(step, steps, warmup, start)}
+    return {"seconds": seconds, "steps_per_s": steps / timed(step, steps, warmup, start)}
 
 
 class _TorchDistRank:
@@ -156,7 +149,7 @@ class _TorchDistRank:
                 ddp().backward()
                 optimizer.step()
 
-            steps_per_s = _steps_per_s(step, steps, warmup, dist.barrier)
+            steps_per_s = steps / timed(step, steps, warmup, dist.barrier)
             return {"seconds": seconds, "steps_per_s": steps_per_s}
         finally:
             dist.destroy_process_group()
@@ -179,17 +172,6 @@ def torch_distributed_figures(workers: int, points: list, warmup: int, steps: in
     finally:
         for actor in actors:
             ray.kill(actor)
-
-
-def _alternate_figures(systems: dict, reps: int) -> dict[str, list[dict]]:
-    """``alternate`` for systems that return several figures at once (a dict)."""
-    names = list(systems)
-    runs: dict[str, list[dict]] = {name: [] for name in names}
-    for rep in range(reps):
-        for name in names[rep % len(names) :] + names[: rep % len(names)]:
-            runs[name].append(systems[name]())
-            print(f"  rep {rep + 1}/{reps}  {name:<22} {runs[name][-1]}", flush=True)
-    return runs
 
 
 def _digits(rank: int, size: int):
@@ -303,7 +285,7 @@ def bt(mode: Mode) -> dict:
     points, warmup = bt1_points(mode), mode.b1_warmup
     steps = max(10, mode.b3_calls // 2)  # BT4: 150 steps in the full mode
     four = [(mode.b1_bytes, mode.b1_iters)]  # 64 MB on 4 ranks
-    runs = _alternate_figures(
+    runs = alternate(
         {
             "horovod_ray": lambda: horovod_ray_run(WORKERS, hvd_figures, points, warmup, steps)[0],
             "torch.distributed": lambda: torch_distributed_figures(WORKERS, points, warmup, steps),

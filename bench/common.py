@@ -109,15 +109,15 @@ def cold_start_s(start_wall: float, finished_at: list[float]) -> float:
     return max(finished_at) - start_wall
 
 
-def alternate(
-    systems: dict[str, Callable[[], float]], reps: int, settle: bool = False
-) -> dict[str, list[float]]:
-    """Runs every system once per repetition, rotating who goes first.
+def alternate(systems: dict[str, Callable[[], object]], reps: int, settle: bool = False) -> dict:
+    """Runs every system once per repetition, rotating who goes first; each system's
+    values in a list (a figure, or a dict of figures from a system that measures several
+    at once).
 
     With ``settle``, each run first waits for the previous run's processes to be gone.
     """
     names = list(systems)
-    runs: dict[str, list[float]] = {name: [] for name in names}
+    runs: dict[str, list] = {name: [] for name in names}
     for rep in range(reps):
         order = names[rep % len(names) :] + names[: rep % len(names)]
         for name in order:
@@ -125,8 +125,29 @@ def alternate(
                 wait_for_quiet()
             value = systems[name]()
             runs[name].append(value)
-            print(f"  rep {rep + 1}/{reps}  {name:<22} {value:10.4f}", flush=True)
+            shown = f"{value:10.4f}" if isinstance(value, float) else value
+            print(f"  rep {rep + 1}/{reps}  {name:<22} {shown}", flush=True)
     return runs
+
+
+def timed(
+    fn: Callable[[], object],
+    iters: int,
+    warmup: int,
+    start: Callable[[], object],
+    finish: Callable[[], object] = lambda: None,
+) -> float:
+    """Seconds of ``iters`` calls of ``fn`` after ``warmup`` untimed ones, on a rank:
+    ``start()`` (the ranks meeting, or a device's queue drained) just before the clock
+    starts, ``finish()`` (a device's queue drained) before it stops."""
+    for _ in range(warmup):
+        fn()
+    start()
+    began = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    finish()
+    return time.perf_counter() - began
 
 
 def in_own_process(module: str, mode_name: str, timeout_s: float = 1800) -> dict:

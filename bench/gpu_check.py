@@ -26,24 +26,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-import bench.common  # noqa: F401 - Ray's environment before ray
 from bench.bt import free_port  # the port torch.distributed's group meets on
+from bench.common import timed  # (bench.bt loads it first: Ray's environment before ray)
 from horovod_ray.stack.build import nccl_version
 
 WARMUP = 3
 
 
 def _seconds(allreduce, data, iters: int, synchronize) -> float:
-    for _ in range(WARMUP):
-        allreduce(data)
-    synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        allreduce(data)
-    synchronize()
-    return time.perf_counter() - start
+    return timed(lambda: allreduce(data), iters, WARMUP, synchronize, synchronize)
 
 
 def _optimizer_step(hvd, torch, device) -> dict:

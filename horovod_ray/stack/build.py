@@ -87,7 +87,10 @@ def _extension() -> str | None:
 
 
 def _extension_has(marker: bytes) -> bool:
-    path = _extension()
+    return _file_has(_extension(), marker)
+
+
+def _file_has(path: str | None, marker: bytes) -> bool:
     if path is None:
         return False
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -181,11 +184,9 @@ def torch_waits_without_spinning() -> bool:
     horovod-*-torch-wait-without-spinning.patch); stock horovod's loops on poll and yield,
     taking a core from the threads that do the work (docs/benchmarks.rst)."""
     package_dir = _horovod_dir()
-    libs = glob.glob(os.path.join(package_dir or "", "torch", "mpi_lib_v2*.so"))
-    if not libs:
-        return False
-    with open(libs[0], "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return m.find(b"was cleared while it was waited on") >= 0
+    pattern = os.path.join(package_dir or "", "torch", dict(_EXTENSIONS)["torch"])
+    libs = glob.glob(pattern) if package_dir else []
+    return _file_has(libs[0] if libs else None, b"was cleared while it was waited on")
 
 
 def require_gloo() -> None:

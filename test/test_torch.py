@@ -83,6 +83,20 @@ def test_join_lets_uneven_ranks_finish_through_run(ray_4cpu):
     assert rank0["after"] == rank1["after"] == 2.0
 
 
+def test_a_small_allreduce_adds_in_rank_order_on_every_rank(ray_4cpu):
+    """Under 1 MB per peer each rank sends its buffer to every other and adds the buffers in
+    rank order; stock horovod's Gloo ring adds each segment in an order of its own, and
+    gives [0, 0, 0, 0, 1, 0] here."""
+    ranks = horovod_ray.run(
+        torch_training.small_allreduces, num_slots=3, cpus_per_slot=0.5, timeout_s=60
+    )
+    for rank in ranks:
+        assert rank["order"] == rank["rank_order"] == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+        assert rank["ops"] == {"sum": 9.0, "min": 2.0, "max": 4.0, "product": 24.0, "average": 3.0}
+        assert rank["integers"] == [6 * i for i in range(7)]
+        assert rank["large"] == [9.0]
+
+
 def test_sync_batch_norm_on_cpu_normalises_over_every_ranks_batch(executor):
     """Stock horovod raises "SyncBatchNorm expected input tensor to be on GPU" here."""
     for rank in executor.run(torch_training.sync_batch_norm):
@@ -167,6 +181,18 @@ def test_the_install_check_sees_the_wait_without_spinning(monkeypatch, tmp_path)
     )
     monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
     assert not build.torch_waits_without_spinning()
+
+
+@pytest.mark.unit
+def test_the_install_check_sees_the_exchange_allreduce(monkeypatch, tmp_path):
+    """The patched horovod's extension, then a stock one's."""
+    from horovod_ray.stack import build
+
+    assert build.exchange_allreduce()
+    stock = tmp_path / "mpi_lib.so"
+    stock.write_bytes(b"\x7fELF HOROVOD_GLOO_TIMEOUT_SECONDS")
+    monkeypatch.setattr(build, "_extension", lambda: str(stock))
+    assert not build.exchange_allreduce()
 
 
 @pytest.mark.unit

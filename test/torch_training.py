@@ -170,6 +170,44 @@ def collectives() -> dict:
     return out
 
 
+def small_allreduces() -> dict:
+    """Allreduces under and over the size that horovod sends in one message to each rank
+    (patches/horovod-0.28.1-gloo-exchange-allreduce.patch). Element k of ``order`` gives
+    the ranks 1e8, 1 and -1e8 in the k-th of their 6 orders: float32 sums of those depend on
+    the order of the additions, and the small allreduce adds in rank order on every rank
+    (Gloo's ring adds each segment in an order of its own)."""
+    import itertools
+
+    import horovod.torch as hvd
+    import numpy as np
+    import torch
+
+    hvd.init()
+    rank = hvd.rank()
+    values = np.array([1e8, 1.0, -1e8], dtype=np.float32)
+    orders = list(itertools.permutations(range(3)))
+    mine = torch.tensor([values[order[rank]] for order in orders])
+    rank_order = [float((values[a] + values[b]) + values[c]) for a, b, c in orders]
+    small = torch.full((5,), float(rank + 2))
+    large = torch.full((1 << 20,), float(rank + 2))  # 4 MB: Gloo's ring
+    return {
+        "order": hvd.allreduce(mine, op=hvd.Sum).tolist(),
+        "rank_order": rank_order,
+        "ops": {
+            name: hvd.allreduce(small, op=op).tolist()[0]
+            for name, op in (
+                ("sum", hvd.Sum),
+                ("min", hvd.Min),
+                ("max", hvd.Max),
+                ("product", hvd.Product),
+                ("average", hvd.Average),
+            )
+        },
+        "integers": hvd.allreduce(torch.arange(7) * (rank + 1), op=hvd.Sum).tolist(),
+        "large": sorted(set(hvd.allreduce(large, op=hvd.Sum).tolist())),
+    }
+
+
 def waiting_cpu(delay_s: float = 1.0) -> dict:
     """Rank 1 joins an allreduce ``delay_s`` late; each rank's wall time in it and the CPU
     time its own thread spent meanwhile. A thread that waits for horovod should sleep:

@@ -189,6 +189,14 @@ def torch_waits_without_spinning() -> bool:
     return _file_has(libs[0] if libs else None, b"was cleared while it was waited on")
 
 
+def exchange_allreduce() -> bool:
+    """Whether horovod's Gloo allreduce sends a small buffer in one message to each rank
+    (this repo's patch horovod-*-gloo-exchange-allreduce.patch); stock horovod's uses
+    Gloo's ring at every size, whose segments cost a millisecond or more on a few bytes
+    (docs/benchmarks.rst)."""
+    return _gloo_problem() is None and _extension_has(b"HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES")
+
+
 def require_gloo() -> None:
     """Raises HorovodRayError, naming the install command, unless horovod has Gloo and a
     framework extension."""

@@ -24,6 +24,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     GPU_HINTS,
     TORCH_HINT,
     batched_rendezvous,
+    exchange_allreduce,
     gloo_iface_fixed,
     install_hint,
     keras3_port,
@@ -170,6 +171,14 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
         print("horovod_ray: horovod has the batched rendezvous (a few requests per rank)")
     else:
         print("horovod_ray: horovod sends Gloo's per-key rendezvous (slow past ~100 ranks)")
+    if exchange_allreduce():
+        print("horovod_ray: horovod's Gloo allreduce sends small buffers in one message")
+    else:
+        print(
+            "horovod_ray: horovod's Gloo allreduce splits even small buffers into Gloo's "
+            "ring segments, as released (slower on small tensors; `make install` builds "
+            "it with the fix)"
+        )
     port = keras3_port()
     if port:
         print("horovod_ray: horovod has the Keras 3 port (horovod.tensorflow.keras on Keras 3)")

@@ -123,8 +123,8 @@ class TestRunningJob:
             return lambda: value
 
         def calls(value, results):
-            fn = make(value)
-            results.extend(executor.run(fn) == [value] * 3 for _ in range(5))
+            fn = make(value // 2)  # two threads each: repeats, bare ones among them
+            results.extend(executor.run(fn) == [value // 2] * 3 for _ in range(5))
 
         results: list[bool] = []
         threads = [threading.Thread(target=calls, args=(v, results)) for v in range(4)]
@@ -331,14 +331,14 @@ def test_a_repeated_execute_sends_no_arguments_and_keeps_each_calls_logs(
     try:
         again = []
         for worker in executor._job.actors:
-            method = worker.again
-            monkeypatch.setattr(worker, "again", method)
+            method = worker.again_next
+            monkeypatch.setattr(worker, "again_next", method)
             monkeypatch.setattr(method, "remote", _counting(method.remote, again))
         seen = []
         assert executor.execute(bump_and_log, callbacks=[seen.append]) == [1, 11]
         assert again == []  # the first call sends the function
         assert executor.execute(bump_and_log, callbacks=[seen.append]) == [2, 12]
-        assert len(again) == 2  # one argument-free call per rank
+        assert again == [(), ()]  # one call per rank, with no argument at all
         # Any call in between (here rank 0 only) ends the repeat: the function goes again.
         assert executor.execute_single(lambda counter: counter.value) == 2
         assert executor.execute(bump_and_log, callbacks=[seen.append]) == [3, 13]

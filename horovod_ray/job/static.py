@@ -274,8 +274,7 @@ class StaticJob:
             if any(probe.error_of(ref) is not None for ref in refs):
                 self._fail(refs, time.monotonic() - started, failing)
             self._leave(refs, drain.leaving, failing)
-        if all_ranks:
-            self._dispatcher.completed(call, message)
+        self._dispatcher.completed(call, message)
         return results
 
     def stacks(self, timeout_s: float) -> dict[int, str]:

@@ -12,8 +12,12 @@ call to every rank costs mostly in what each actor call carries. So:
   call that carried its bytes has returned on every rank: a call made meanwhile, from
   another thread, carries them again, so no rank is ever sent a key it has not learned.
 * A call that repeats the call just before it (same function, same arguments, completed
-  on every rank, nothing in between) goes with no argument at all: each rank runs that
-  call again, by its id, as the next call id.
+  on every rank, nothing in between) goes with its call id alone: each rank runs that
+  call again, by its id, as the next call id. When no other call is in flight either, it
+  goes with no argument at all (each argument costs the driver tens of microseconds per
+  rank): every earlier call has then run on every rank, so a rank numbers it as one past
+  the latest call it ran, unless a later call overtook it on its way; a call sent while
+  such a bare repeat is in flight names the repeat's id for that case.
 * Every call, repeats included, runs a fresh copy of the function, unpickled from its
   bytes: what a closure, a mutable default or a callable object changed during one call
   is not seen by the next, as with horovod.ray. An ``executable_cls`` instance is made
@@ -136,6 +140,9 @@ class Message:
     key: int | None  # the function's cache key, None when it goes uncached
     fn: bytes | ray.ObjectRef | None  # None when the rank has the key already
     args: bytes | ray.ObjectRef | None
+    bare: bool = False  # a repeat sent with no argument (the rank numbers it)
+    all_ranks: bool = True
+    bare_in_flight: int | None = None  # that repeat's id, while it may still be on its way
 
 
 class Dispatcher:
@@ -157,14 +164,20 @@ class Dispatcher:
         self._call_id = 0
         # (function payload, args payload, call id) of the last call done on every rank.
         self._last: tuple[bytes, bytes | None, int] | None = None
+        # Calls sent and not reported completed. One that failed, or a run_remote's (whose
+        # end the driver does not see), stays counted: later repeats then carry their
+        # ids, which is always safe.
+        self._in_flight = 0
+        self._bare: int | None = None  # the id of a bare repeat not yet completed
 
     def send(
         self, call: Call, workers: Sequence[Any], all_ranks: bool = True, as_raised: bool = False
     ) -> tuple[Message, list[ray.ObjectRef]]:
         """Numbers ``call``, decides what it sends and starts it on ``workers``, in one
-        step under the lock: every rank is then sent the calls in the order of their ids.
-        A repeat of call N names call N as it stands in the rank's recent calls, so no
-        later call (a large one, which evicts by bytes) may reach a rank before it.
+        step under the lock: every rank is then sent the calls in the order of their ids
+        (Ray may still run them in another order, see :class:`RankCalls`; a later call
+        large enough to evict call N from a rank's recent calls by bytes, run there
+        before a repeat of call N, makes that repeat fail with a RuntimeError).
 
         Args:
             call: The prepared call.
@@ -178,16 +191,26 @@ class Dispatcher:
             The message, and one ref per worker (see :func:`send`).
         """
         with self._lock:
-            message = self._next(call, all_ranks)
+            message = self._next(call, all_ranks, as_raised)
+            self._in_flight += 1
+            if message.bare:
+                self._bare = message.call_id
             return message, [send(worker, message, as_raised) for worker in workers]
 
-    def _next(self, call: Call, all_ranks: bool) -> Message:
+    def _next(self, call: Call, all_ranks: bool, as_raised: bool) -> Message:
         self._call_id += 1
         call_id = self._call_id
+        message = self._decide(call, call_id, all_ranks, as_raised)
+        if self._bare is not None and not message.again:
+            return dataclasses.replace(message, bare_in_flight=self._bare)
+        return message
+
+    def _decide(self, call: Call, call_id: int, all_ranks: bool, as_raised: bool) -> Message:
         if not all_ranks:
-            return Message(call_id, False, None, call.fn, call.args)
+            return Message(call_id, False, None, call.fn, call.args, all_ranks=False)
         if self._last == (call.fn, call.args, call_id - 1):
-            return Message(call_id, True, None, None, None)
+            bare = self._in_flight == 0 and not as_raised
+            return Message(call_id, True, None, None, None, bare=bare)
         key = self._keys.get(call.fn)
         if key in self._known:
             return Message(call_id, False, key, None, _stored(call.args))
@@ -201,9 +224,14 @@ class Dispatcher:
         return Message(call_id, False, key, _stored(call.fn), _stored(call.args))
 
     def completed(self, call: Call, message: Message) -> None:
-        """Records that ``message`` returned on every rank: the next one may repeat it, and
-        the function's key may travel alone from now on."""
+        """Records that ``message`` returned on every rank it was sent to: the next call
+        may repeat it, and the function's key may travel alone from now on."""
         with self._lock:
+            self._in_flight -= 1
+            if self._bare == message.call_id:
+                self._bare = None
+            if not message.all_ranks:
+                return
             self._last = (call.fn, call.args, message.call_id)
             if message.key is not None and message.fn is not None:
                 self._known.add(message.key)
@@ -219,9 +247,14 @@ def _stored(payload: bytes | None) -> bytes | ray.ObjectRef | None:
 def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRef:
     """Starts ``message`` on one rank's actor; with ``as_raised``, its ref holds what the
     function raised as it was raised, not as a ``RankError`` (see Worker.call)."""
+    if message.bare:
+        return worker.again_next.remote()
     if message.again:
-        return worker.again.remote(message.call_id, as_raised)
-    return worker.call.remote(message.call_id, message.key, message.fn, message.args, as_raised)
+        return (worker.again_as_raised if as_raised else worker.again).remote(message.call_id)
+    call_id = message.call_id
+    if message.bare_in_flight is not None:
+        call_id = (call_id, message.bare_in_flight)
+    return worker.call.remote(call_id, message.key, message.fn, message.args, as_raised)
 
 
 # ---------------------------------------------------------------------- the ranks' half
@@ -241,6 +274,24 @@ class RankCalls:
         # call id -> (function bytes, args payload), oldest first; bounded below.
         self._recent: dict[int, tuple[bytes, bytes | None]] = {}
         self._recent_bytes = 0
+        self._latest = 0  # the highest call id run here
+        # Ids of bare repeats that later calls overtook: sent, not yet run here.
+        self._overtaken: set[int] = set()
+
+    def overtook(self, call_id: int) -> None:
+        """Notes that a call sent after bare repeat ``call_id`` arrived here; unless that
+        repeat has already run here, it is still on its way."""
+        if call_id not in self._recent and call_id > min(self._recent, default=0):
+            self._overtaken.add(call_id)
+
+    def next_repeat_id(self) -> int:
+        """The id of a bare repeat that has just arrived (see calls.Dispatcher): when it
+        was sent, every earlier call had run here, and calls sent after it name it."""
+        if self._overtaken:
+            call_id = min(self._overtaken)
+            self._overtaken.discard(call_id)
+            return call_id
+        return self._latest + 1
 
     def resolve(
         self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None
@@ -272,6 +323,7 @@ class RankCalls:
         return cloudpickle.loads(fn), args
 
     def _remember(self, call_id: int, fn: bytes, args: bytes | None) -> None:
+        self._latest = max(self._latest, call_id)
         self._recent[call_id] = (fn, args)
         self._recent_bytes += len(fn) + len(args or b"")
         while len(self._recent) > RECENT_CALLS or (

@@ -95,7 +95,7 @@ class Worker:
 
     def call(
         self,
-        call_id: int,
+        call_id: int | tuple[int, int],
         key: int | None,
         fn: bytes | None,
         args: bytes | None,
@@ -106,14 +106,32 @@ class Worker:
         What the function raises goes back as a :class:`RankError`, read on the driver
         without importing the exception's module; ``as_raised`` sends the exception
         itself (``run_remote``: the caller reads the refs and may catch its type).
+        ``call_id`` is (id, that of a bare repeat still on its way) when it was sent after
+        that repeat.
         """
+        if isinstance(call_id, tuple):
+            call_id, overtaken = call_id
+            self._calls.overtook(overtaken)
         function, arguments = self._calls.resolve(call_id, key, fn, args)
         return self._run(call_id, function, arguments, as_raised)
 
-    def again(self, call_id: int, as_raised: bool = False) -> Any:
+    def again(self, call_id: int) -> Any:
         """Runs call ``call_id - 1`` again, as ``call_id`` (see calls.Dispatcher)."""
         function, arguments = self._calls.repeat(call_id)
-        return self._run(call_id, function, arguments, as_raised)
+        return self._run(call_id, function, arguments, False)
+
+    def again_next(self) -> Any:
+        """:meth:`again` sent with no argument: this rank works out its id (see
+        calls.Dispatcher)."""
+        call_id = self._calls.next_repeat_id()
+        function, arguments = self._calls.repeat(call_id)
+        return self._run(call_id, function, arguments, False)
+
+    def again_as_raised(self, call_id: int) -> Any:
+        """:meth:`again` for ``run_remote``: what the function raises goes back as it was
+        raised (see :meth:`call`)."""
+        function, arguments = self._calls.repeat(call_id)
+        return self._run(call_id, function, arguments, True)
 
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)

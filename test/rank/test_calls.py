@@ -15,10 +15,14 @@ pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 
 
 def deliver(rank: RankCalls, message, executable=None):
-    """What Worker.call / Worker.again do with a message."""
-    if message.again:
+    """What Worker.call / Worker.again / Worker.again_next do with a message."""
+    if message.bare:
+        function, args = rank.repeat(rank.next_repeat_id())
+    elif message.again:
         function, args = rank.repeat(message.call_id)
     else:
+        if message.bare_in_flight is not None:
+            rank.overtook(message.bare_in_flight)
         function, args = rank.resolve(message.call_id, message.key, message.fn, message.args)
     return invoke(function, args, executable)
 
@@ -107,6 +111,69 @@ def test_a_completed_call_repeated_with_nothing_between_goes_without_arguments()
     dispatcher.completed(call, _decide(dispatcher, call))
     _decide(dispatcher, prepare_execute(len), all_ranks=False)
     assert not _decide(dispatcher, call).again
+
+
+def test_a_repeat_with_no_call_in_flight_goes_bare_and_each_rank_numbers_it():
+    dispatcher, ranks = Dispatcher(), [RankCalls(), RankCalls()]
+    call = prepare(add, [1])
+    message = _decide(dispatcher, call)
+    for expected_id in (1, 2, 3):
+        assert message.call_id == expected_id and message.bare == (expected_id > 1)
+        assert [deliver(rank, message) for rank in ranks] == [1, 1]
+        dispatcher.completed(call, message)
+        message = _decide(dispatcher, call)
+    assert [rank.next_repeat_id() for rank in ranks] == [4, 4]
+    # An earlier call still in flight (run_remote's, another thread's) keeps the id on.
+    dispatcher = Dispatcher()
+    _decide(dispatcher, prepare(add, [2]))  # call 1, never reported complete
+    dispatcher.completed(call, _decide(dispatcher, call))
+    repeat = _decide(dispatcher, call)
+    assert repeat.again and not repeat.bare
+    # A run_remote repeat goes with its id even with nothing in flight (its method
+    # raises as raised).
+    dispatcher = Dispatcher()
+    dispatcher.completed(call, _decide(dispatcher, call))
+    remote = dispatcher.send(call, [], as_raised=True)[0]
+    assert remote.again and not remote.bare
+
+
+def test_a_bare_repeat_that_a_later_call_overtakes_keeps_its_id():
+    """Calls from several driver threads may reach a rank in another order than sent."""
+    dispatcher, rank = Dispatcher(), RankCalls()
+    call = prepare(add, [1])
+    first = _decide(dispatcher, call)
+    deliver(rank, first)
+    dispatcher.completed(call, first)
+    bare = _decide(dispatcher, call)
+    other = prepare(add, [7])
+    later = _decide(dispatcher, other)  # sent while the bare repeat is in flight
+    assert bare.bare and (later.call_id, later.bare_in_flight) == (3, 2)
+    assert deliver(rank, later) == 7  # arrives first
+    assert deliver(rank, bare) == 1
+    dispatcher.completed(call, bare)
+    dispatcher.completed(other, later)
+    again = _decide(dispatcher, other)  # call 4 repeats call 3, not the bare repeat
+    assert again.bare and deliver(rank, again) == 7
+    # In arrival order the note comes after the repeat ran, and is dropped.
+    dispatcher, rank = Dispatcher(), RankCalls()
+    first = _decide(dispatcher, call)
+    deliver(rank, first)
+    dispatcher.completed(call, first)
+    bare, later = _decide(dispatcher, call), _decide(dispatcher, other)
+    assert (deliver(rank, bare), deliver(rank, later)) == (1, 7)
+    assert rank.next_repeat_id() == 4
+
+
+def test_a_call_to_rank_0_alone_counts_as_in_flight_until_it_completes():
+    dispatcher = Dispatcher()
+    call, single_call = prepare(add, [1]), prepare_execute(len)
+    single = _decide(dispatcher, single_call, all_ranks=False)  # call 1, in flight
+    dispatcher.completed(call, _decide(dispatcher, call))  # call 2
+    repeat = _decide(dispatcher, call)  # call 3 repeats call 2
+    assert repeat.again and not repeat.bare
+    dispatcher.completed(single_call, single)
+    dispatcher.completed(call, repeat)
+    assert _decide(dispatcher, call).bare  # call 4: nothing in flight any more
 
 
 def test_the_rank_repeats_its_latest_call_with_fresh_arguments():
@@ -224,13 +291,14 @@ class _RecordingWorker:
             def __init__(self, kind: str) -> None:
                 self.kind = kind
 
-            def remote(self, call_id, *rest):
-                if self.kind == "again":
+            def remote(self, *args):
+                if self.kind.startswith("again"):
                     time.sleep(again_delay_s)
-                log_call((self.kind, call_id, rest))
+                log_call((self.kind, args))
 
         self.call = Method("call")
         self.again = Method("again")
+        self.again_next = Method("again_next")
 
 
 def test_a_repeat_is_never_overtaken_by_a_later_large_call(monkeypatch):
@@ -250,12 +318,17 @@ def test_a_repeat_is_never_overtaken_by_a_later_large_call(monkeypatch):
     time.sleep(0.05)  # A holds its message; B's comes next
     dispatcher.send(prepare(add, [b"x" * 8192, b""]), [worker])
     repeat.join()
-    assert [(kind, call_id) for kind, call_id, _ in log] == [("call", 1), ("again", 2), ("call", 3)]
+    assert [(kind, args[:1]) for kind, args in log] == [
+        ("call", (1,)),
+        ("again_next", ()),  # nothing else in flight: no argument
+        ("call", ((3, 2),)),  # sent while repeat 2 is in flight: names it
+    ]
     rank, results = RankCalls(), []
-    for kind, call_id, rest in log:  # what the rank's actor does, in arrival order
-        if kind == "again":
-            function, args = rank.repeat(call_id)
+    for kind, args in log:  # what the rank's actor does, in arrival order
+        if kind == "again_next":
+            function, payload = rank.repeat(rank.next_repeat_id())
         else:
-            function, args = rank.resolve(call_id, *rest[:3])
-        results.append(invoke(function, args, None))
+            call_id = args[0][0] if isinstance(args[0], tuple) else args[0]
+            function, payload = rank.resolve(call_id, *args[1:4])
+        results.append(invoke(function, payload, None))
     assert results == [1, 1, b"x" * 8192]

@@ -115,23 +115,15 @@ class Worker:
         function, arguments = self._calls.resolve(call_id, key, fn, args)
         return self._run(call_id, function, arguments, as_raised)
 
-    def again(self, call_id: int) -> Any:
+    def again(self, call_id: int, as_raised: bool = False) -> Any:
         """Runs call ``call_id - 1`` again, as ``call_id`` (see calls.Dispatcher)."""
         function, arguments = self._calls.repeat(call_id)
-        return self._run(call_id, function, arguments, False)
+        return self._run(call_id, function, arguments, as_raised)
 
     def again_next(self) -> Any:
         """:meth:`again` sent with no argument: this rank works out its id (see
         calls.Dispatcher)."""
-        call_id = self._calls.next_repeat_id()
-        function, arguments = self._calls.repeat(call_id)
-        return self._run(call_id, function, arguments, False)
-
-    def again_as_raised(self, call_id: int) -> Any:
-        """:meth:`again` for ``run_remote``: what the function raises goes back as it was
-        raised (see :meth:`call`)."""
-        function, arguments = self._calls.repeat(call_id)
-        return self._run(call_id, function, arguments, True)
+        return self.again(self._calls.next_repeat_id())
 
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)

@@ -323,6 +323,7 @@ def test_a_repeat_is_never_overtaken_by_a_later_large_call(monkeypatch):
         ("again_next", ()),  # nothing else in flight: no argument
         ("call", ((3, 2),)),  # sent while repeat 2 is in flight: names it
     ]
+    assert [len(args) for _, args in log] == [4, 0, 4]  # as_raised only when True
     rank, results = RankCalls(), []
     for kind, args in log:  # what the rank's actor does, in arrival order
         if kind == "again_next":

@@ -54,12 +54,12 @@ def test_a_failure_still_stops_everything(ray_4cpu, no_leaks):
 
 def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflow(ray_4cpu):
     # Unpickling the error itself would import TensorFlow in the driver: seconds before the
-    # failed job could be stopped, or restarted.
+    # failed job could be stopped, or restarted. (RankError.original() is test_errors'.)
     code = (
         "import os, sys, horovod_ray\n"
         "def train():\n"
-        "    import tensorflow as tf\n"
         "    if os.environ['HOROVOD_RANK'] == '1':\n"
+        "        import tensorflow as tf\n"
         "        raise tf.errors.UnknownError(None, None, 'the collective broke')\n"
         "try:\n"
         "    horovod_ray.run(train, num_slots=2)\n"
@@ -69,8 +69,6 @@ def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflo
         "    print('TEXT', repr(err.failures[1]))\n"
         "    cause = err.__cause__\n"
         "    print('CAUSE', type(cause).__name__, cause.type_name)\n"
-        "    original = cause.original()\n"
-        "    print('ORIGINAL', type(original).__name__, original.message)\n"
     )
     out = run_fresh_python(code, timeout_s=180, join_ray=True)
     assert "TENSORFLOW False" in out
@@ -80,7 +78,6 @@ def test_a_ranks_tensorflow_error_reaches_the_driver_without_importing_tensorflo
     assert "tensorflow.python.framework.errors_impl.UnknownError: the collective broke" in text
     assert "ray::" not in text
     assert "CAUSE RankError tensorflow.python.framework.errors_impl.UnknownError" in out
-    assert "ORIGINAL UnknownError the collective broke" in out
 
 
 def _resumes_from_its_checkpoint(folder: str) -> tuple[int, int]:

@@ -247,11 +247,14 @@ def horovodrun(args: list[str], num_workers: int) -> list[str]:
     return re.findall(r"^\[\d+\]<stdout>:(\{.*\})$", out.stdout, re.MULTILINE)
 
 
-def horovod_ray_run(num_workers: int, fn, *args, env: dict | None = None):
-    """``fn(*args)`` on ``num_workers`` ranks of a fresh horovod_ray job (``env`` set first)."""
+def horovod_ray_run(
+    num_workers: int, fn, *args, env: dict | None = None, niceness: int | None = None
+):
+    """``fn(*args)`` on ``num_workers`` ranks of a fresh horovod_ray job (``env`` set first;
+    ``niceness``: the ranks', None for the Ray's workers')."""
     from horovod_ray import RayExecutor
 
-    settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
+    settings = RayExecutor.create_settings(timeout_s=120, verbose=0, niceness=niceness)
     with RayExecutor(settings, num_workers=num_workers) as executor:
         if env:
             executor.run(os.environ.update, args=[env])

@@ -60,7 +60,12 @@ def _print_b1(results: dict) -> None:
         print("B1 allreduce throughput")
         for name, s in results["b1_allreduce_mbps"].items():
             print(_row(name, s, "MB/s"))
-        for key in ("b1_ratio_vs_horovodrun", "b1_ratio_vs_raw_gloo", "b1_ratio_vs_horovod_ray"):
+        for key in (
+            "b1_ratio_vs_horovodrun",
+            "b1_ratio_at_rays_niceness_vs_horovodrun",
+            "b1_ratio_vs_raw_gloo",
+            "b1_ratio_vs_horovod_ray",
+        ):
             if key in results:
                 print(f"  {key:<32} {results[key]:.3f}")
 

@@ -42,6 +42,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
     for key in (
         "b1_allreduce_mbps",
         "b1_ratio_vs_horovodrun",
+        "b1_ratio_at_rays_niceness_vs_horovodrun",
         "b2_cold_start_s",
         "b2_ratio_vs_horovod_ray",
         "b2_ratio_vs_horovod_trainer",

@@ -1,7 +1,8 @@
 """B3: call overhead, the median time of a no-op call on 4 workers.
 
 horovod_ray's ``execute`` of a no-op and a repeated ``run(os.getpid)``, against a bare
-fan-out of 4 Ray actor calls returning None: ``b3_ratio`` and ``b3_run_ratio``.
+fan-out of 4 Ray actor calls returning None: ``b3_ratio`` and ``b3_run_ratio``; and
+horovod 0.28.1's own ``horovod.ray`` executing the same no-op: ``b3_horovod_ray_ratio``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ def b3(mode: Mode) -> dict:
     print("B3 call overhead, 4 workers, no-op", flush=True)
     # Imported here, not above: bench.common sets Ray's environment before ray is imported.
     import ray
+    from horovod.ray import RayExecutor as ReferenceExecutor
 
     from horovod_ray import RayExecutor
 
-    # No CPU reserved: the executor's 4 workers hold the 4 CPUs while both run.
+    # No CPU reserved: the two executors hold the 4 CPUs while all three run.
     @ray.remote(num_cpus=0)
     class Bare:
         def noop(self):
@@ -38,18 +40,30 @@ def b3(mode: Mode) -> dict:
 
     bare = [Bare.remote() for _ in range(4)]
     ray.get([actor.noop.remote() for actor in bare])
-    with RayExecutor(RayExecutor.create_settings(verbose=0), num_workers=4) as executor:
-        executor.execute(workloads.noop)
-        systems = {
-            "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
-            "horovod_ray run()": lambda: timed(lambda: executor.run(os.getpid)),
-            "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
-        }
-        runs = alternate(systems, mode.reps)
-    for actor in bare:
-        ray.kill(actor)
+    # Both executors' 4 workers at half a CPU each, so that they fit the 4 CPUs together.
+    reference = ReferenceExecutor(
+        ReferenceExecutor.create_settings(timeout_s=120), num_workers=4, cpus_per_worker=0.5
+    )
+    reference.start()
+    settings = RayExecutor.create_settings(verbose=0)
+    try:
+        with RayExecutor(settings, num_workers=4, cpus_per_worker=0.5) as executor:
+            executor.execute(workloads.noop)
+            reference.execute(workloads.noop)
+            systems = {
+                "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
+                "horovod_ray run()": lambda: timed(lambda: executor.run(os.getpid)),
+                "horovod.ray": lambda: timed(lambda: reference.execute(workloads.noop)),
+                "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
+            }
+            runs = alternate(systems, mode.reps)
+    finally:
+        reference.shutdown()
+        for actor in bare:
+            ray.kill(actor)
     return {
         "b3_call_ms": {name: summary(values) for name, values in runs.items()},
         "b3_ratio": ratio(runs["horovod_ray"], runs["bare_ray"]),
         "b3_run_ratio": ratio(runs["horovod_ray run()"], runs["bare_ray"]),
+        "b3_horovod_ray_ratio": ratio(runs["horovod.ray"], runs["bare_ray"]),
     }

@@ -94,6 +94,8 @@ def _print_b3_b4_b5(results: dict) -> None:
         for name, s in results["b3_call_ms"].items():
             print(_row(name, s, "ms"))
         print(f"  b3_ratio {results['b3_ratio']:.3f}  b3_run_ratio {results['b3_run_ratio']:.3f}")
+        if "b3_horovod_ray_ratio" in results:
+            print(f"  b3_horovod_ray_ratio {results['b3_horovod_ray_ratio']:.3f}")
     if "b4_tune_s" in results:
         print("B4 Tune turnaround")
         for name, s in results["b4_tune_s"].items():

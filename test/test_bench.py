@@ -47,6 +47,7 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "b2_ratio_vs_horovod_ray",
         "b2_ratio_vs_horovod_trainer",
         "b3_ratio",
+        "b3_horovod_ray_ratio",
         "b4_ratio",
         "b5_cold_start_s",
         "b7_script_s",

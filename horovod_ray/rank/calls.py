@@ -16,8 +16,9 @@ call to every rank costs mostly in what each actor call carries. So:
   call again, by its id, as the next call id. When no other call is in flight either, it
   goes with no argument at all (each argument costs the driver tens of microseconds per
   rank): every earlier call has then run on every rank, so a rank numbers it as one past
-  the latest call it ran, unless a later call overtook it on its way; a call sent while
-  such a bare repeat is in flight names the repeat's id for that case.
+  the latest call it ran, unless a later call overtook it on its way. A call sent while a
+  repeat is in flight names the repeat's id: a rank it reaches first keeps the repeated
+  call however many bytes come after it, and keeps a bare repeat's id for it.
 * Every call, repeats included, runs a fresh copy of the function, unpickled from its
   bytes: what a closure, a mutable default or a callable object changed during one call
   is not seen by the next, as with horovod.ray. An ``executable_cls`` instance is made
@@ -142,7 +143,7 @@ class Message:
     args: bytes | ray.ObjectRef | None
     bare: bool = False  # a repeat sent with no argument (the rank numbers it)
     all_ranks: bool = True
-    bare_in_flight: int | None = None  # that repeat's id, while it may still be on its way
+    repeat_in_flight: int | None = None  # a repeat's id, while it may still be on its way
 
 
 class Dispatcher:
@@ -168,16 +169,14 @@ class Dispatcher:
         # end the driver does not see), stays counted: later repeats then carry their
         # ids, which is always safe.
         self._in_flight = 0
-        self._bare: int | None = None  # the id of a bare repeat not yet completed
+        self._repeat: int | None = None  # the id of the latest repeat not yet completed
 
     def send(
         self, call: Call, workers: Sequence[Any], all_ranks: bool = True, as_raised: bool = False
     ) -> tuple[Message, list[ray.ObjectRef]]:
         """Numbers ``call``, decides what it sends and starts it on ``workers``, in one
         step under the lock: every rank is then sent the calls in the order of their ids
-        (Ray may still run them in another order, see :class:`RankCalls`; a later call
-        large enough to evict call N from a rank's recent calls by bytes, run there
-        before a repeat of call N, makes that repeat fail with a RuntimeError).
+        (Ray may still run them in another order, see :class:`RankCalls`).
 
         Args:
             call: The prepared call.
@@ -193,16 +192,16 @@ class Dispatcher:
         with self._lock:
             message = self._next(call, all_ranks, as_raised)
             self._in_flight += 1
-            if message.bare:
-                self._bare = message.call_id
+            if message.again:
+                self._repeat = message.call_id
             return message, [send(worker, message, as_raised) for worker in workers]
 
     def _next(self, call: Call, all_ranks: bool, as_raised: bool) -> Message:
         self._call_id += 1
         call_id = self._call_id
         message = self._decide(call, call_id, all_ranks, as_raised)
-        if self._bare is not None and not message.again:
-            return dataclasses.replace(message, bare_in_flight=self._bare)
+        if self._repeat is not None and not message.again:
+            return dataclasses.replace(message, repeat_in_flight=self._repeat)
         return message
 
     def _decide(self, call: Call, call_id: int, all_ranks: bool, as_raised: bool) -> Message:
@@ -228,8 +227,8 @@ class Dispatcher:
         may repeat it, and the function's key may travel alone from now on."""
         with self._lock:
             self._in_flight -= 1
-            if self._bare == message.call_id:
-                self._bare = None
+            if self._repeat == message.call_id:
+                self._repeat = None
             if not message.all_ranks:
                 return
             self._last = (call.fn, call.args, message.call_id)
@@ -255,8 +254,8 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
     if message.again:
         return worker.again.remote(message.call_id, *raised)
     call_id = message.call_id
-    if message.bare_in_flight is not None:
-        call_id = (call_id, message.bare_in_flight)
+    if message.repeat_in_flight is not None:
+        call_id = (call_id, message.repeat_in_flight)
     return worker.call.remote(call_id, message.key, message.fn, message.args, *raised)
 
 
@@ -278,18 +277,22 @@ class RankCalls:
         self._recent: dict[int, tuple[bytes, bytes | None]] = {}
         self._recent_bytes = 0
         self._latest = 0  # the highest call id run here
-        # Ids of bare repeats that later calls overtook: sent, not yet run here.
+        # Ids of repeats that later calls overtook: sent, not yet run here. The calls they
+        # repeat are kept whatever their bytes (see _remember).
         self._overtaken: set[int] = set()
 
     def overtook(self, call_id: int) -> None:
-        """Notes that a call sent after bare repeat ``call_id`` arrived here; unless that
-        repeat has already run here, it is still on its way."""
+        """Notes that a call sent after repeat ``call_id`` arrived here; unless that repeat
+        has already run here (its id is kept, or older than every kept one: they leave
+        oldest first), it is still on its way."""
         if call_id not in self._recent and call_id > min(self._recent, default=0):
             self._overtaken.add(call_id)
 
     def next_repeat_id(self) -> int:
         """The id of a bare repeat that has just arrived (see calls.Dispatcher): when it
-        was sent, every earlier call had run here, and calls sent after it name it."""
+        was sent, every earlier call had run here, and calls sent after it name it (a
+        repeat with its id that they named has run here too: it was done everywhere
+        before a bare repeat could be sent)."""
         if self._overtaken:
             call_id = min(self._overtaken)
             self._overtaken.discard(call_id)
@@ -315,6 +318,7 @@ class RankCalls:
             RuntimeError: This rank no longer holds call ``call_id - 1`` (more than
                 ``RECENT_CALLS`` calls came in between: that many in flight at once).
         """
+        self._overtaken.discard(call_id)
         repeated = self._recent.get(call_id - 1)
         if repeated is None:
             raise RuntimeError(
@@ -329,10 +333,15 @@ class RankCalls:
         self._latest = max(self._latest, call_id)
         self._recent[call_id] = (fn, args)
         self._recent_bytes += len(fn) + len(args or b"")
-        while len(self._recent) > RECENT_CALLS or (
-            self._recent_bytes > RECENT_BYTES and len(self._recent) > 1
-        ):
+        # Oldest first; past the bytes, not a call that a repeat still on its way needs:
+        # a call from another thread larger than RECENT_BYTES, overtaking that repeat,
+        # once made it fail.
+        while True:
             oldest = min(self._recent)
+            needed = oldest + 1 in self._overtaken
+            over_bytes = self._recent_bytes > RECENT_BYTES and len(self._recent) > 1
+            if not (len(self._recent) > RECENT_CALLS or (over_bytes and not needed)):
+                break
             fn, args = self._recent.pop(oldest)
             self._recent_bytes -= len(fn) + len(args or b"")
 

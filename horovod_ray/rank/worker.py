@@ -106,8 +106,8 @@ class Worker:
         What the function raises goes back as a :class:`RankError`, read on the driver
         without importing the exception's module; ``as_raised`` sends the exception
         itself (``run_remote``: the caller reads the refs and may catch its type).
-        ``call_id`` is (id, that of a bare repeat still on its way) when it was sent after
-        that repeat.
+        ``call_id`` is (id, that of a repeat still on its way) when it was sent after that
+        repeat.
         """
         if isinstance(call_id, tuple):
             call_id, overtaken = call_id

@@ -21,8 +21,8 @@ def deliver(rank: RankCalls, message, executable=None):
     elif message.again:
         function, args = rank.repeat(message.call_id)
     else:
-        if message.bare_in_flight is not None:
-            rank.overtook(message.bare_in_flight)
+        if message.repeat_in_flight is not None:
+            rank.overtook(message.repeat_in_flight)
         function, args = rank.resolve(message.call_id, message.key, message.fn, message.args)
     return invoke(function, args, executable)
 
@@ -147,7 +147,7 @@ def test_a_bare_repeat_that_a_later_call_overtakes_keeps_its_id():
     bare = _decide(dispatcher, call)
     other = prepare(add, [7])
     later = _decide(dispatcher, other)  # sent while the bare repeat is in flight
-    assert bare.bare and (later.call_id, later.bare_in_flight) == (3, 2)
+    assert bare.bare and (later.call_id, later.repeat_in_flight) == (3, 2)
     assert deliver(rank, later) == 7  # arrives first
     assert deliver(rank, bare) == 1
     dispatcher.completed(call, bare)
@@ -162,6 +162,34 @@ def test_a_bare_repeat_that_a_later_call_overtakes_keeps_its_id():
     bare, later = _decide(dispatcher, call), _decide(dispatcher, other)
     assert (deliver(rank, bare), deliver(rank, later)) == (1, 7)
     assert rank.next_repeat_id() == 4
+
+
+def test_a_call_past_the_bytes_that_overtakes_a_repeat_leaves_it_its_call(monkeypatch):
+    """A call from another thread larger than RECENT_BYTES, reaching a rank before a
+    repeat sent ahead of it, used to push the repeated call out: the repeat then failed
+    with "no longer holds"."""
+    monkeypatch.setattr(calls, "RECENT_BYTES", 2500)
+    call, big = prepare(add, [1]), prepare(len, [b"x" * 3000])
+    for bare in (False, True):
+        dispatcher, rank = Dispatcher(), RankCalls()
+        other = prepare(add, [5])
+        in_flight = _decide(dispatcher, other)  # call 1 (a repeat goes with its id)
+        deliver(rank, in_flight)
+        if bare:
+            dispatcher.completed(other, in_flight)  # nothing in flight: a bare repeat
+        first = _decide(dispatcher, call)  # call 2
+        deliver(rank, first)
+        dispatcher.completed(call, first)
+        repeat = _decide(dispatcher, call)  # call 3 repeats call 2
+        assert repeat.again and repeat.bare == bare
+        later = _decide(dispatcher, big)  # call 4, sent while the repeat is on its way
+        assert (later.call_id, later.repeat_in_flight) == (4, 3)
+        assert deliver(rank, later) == 3000  # arrives first, past the bytes alone
+        assert deliver(rank, repeat) == 1
+        # Once the repeat ran, the bytes bound holds again: the next call lets call 2 go.
+        deliver(rank, _decide(dispatcher, prepare(add, [6])))
+        with pytest.raises(RuntimeError, match="no longer holds"):
+            rank.repeat(3)
 
 
 def test_a_call_to_rank_0_alone_counts_as_in_flight_until_it_completes():

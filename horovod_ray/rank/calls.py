@@ -144,6 +144,7 @@ class Message:
     bare: bool = False  # a repeat sent with no argument (the rank numbers it)
     all_ranks: bool = True
     repeat_in_flight: int | None = None  # a repeat's id, while it may still be on its way
+    repeat_in_flight_bare: bool = False  # whether that repeat went bare
 
 
 class Dispatcher:
@@ -169,7 +170,8 @@ class Dispatcher:
         # end the driver does not see), stays counted: later repeats then carry their
         # ids, which is always safe.
         self._in_flight = 0
-        self._repeat: int | None = None  # the id of the latest repeat not yet completed
+        # The id of the latest repeat not yet completed, and whether it went bare.
+        self._repeat: tuple[int, bool] | None = None
 
     def send(
         self, call: Call, workers: Sequence[Any], all_ranks: bool = True, as_raised: bool = False
@@ -193,7 +195,7 @@ class Dispatcher:
             message = self._next(call, all_ranks, as_raised)
             self._in_flight += 1
             if message.again:
-                self._repeat = message.call_id
+                self._repeat = (message.call_id, message.bare)
             return message, [send(worker, message, as_raised) for worker in workers]
 
     def _next(self, call: Call, all_ranks: bool, as_raised: bool) -> Message:
@@ -201,7 +203,10 @@ class Dispatcher:
         call_id = self._call_id
         message = self._decide(call, call_id, all_ranks, as_raised)
         if self._repeat is not None and not message.again:
-            return dataclasses.replace(message, repeat_in_flight=self._repeat)
+            repeat_id, bare = self._repeat
+            return dataclasses.replace(
+                message, repeat_in_flight=repeat_id, repeat_in_flight_bare=bare
+            )
         return message
 
     def _decide(self, call: Call, call_id: int, all_ranks: bool, as_raised: bool) -> Message:
@@ -227,7 +232,7 @@ class Dispatcher:
         may repeat it, and the function's key may travel alone from now on."""
         with self._lock:
             self._in_flight -= 1
-            if self._repeat == message.call_id:
+            if self._repeat is not None and self._repeat[0] == message.call_id:
                 self._repeat = None
             if not message.all_ranks:
                 return
@@ -255,7 +260,7 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
         return worker.again.remote(message.call_id, *raised)
     call_id = message.call_id
     if message.repeat_in_flight is not None:
-        call_id = (call_id, message.repeat_in_flight)
+        call_id = (call_id, message.repeat_in_flight, message.repeat_in_flight_bare)
     return worker.call.remote(call_id, message.key, message.fn, message.args, *raised)
 
 
@@ -277,22 +282,33 @@ class RankCalls:
         self._recent: dict[int, tuple[bytes, bytes | None]] = {}
         self._recent_bytes = 0
         self._latest = 0  # the highest call id run here
-        # Ids of repeats that later calls overtook: sent, not yet run here. The calls they
-        # repeat are kept whatever their bytes (see _remember).
+        # Ids of repeats that later calls overtook: sent, not yet run here; bare ones
+        # (numbered by next_repeat_id) and the others. The calls they repeat are kept
+        # whatever their bytes (see _remember).
         self._overtaken: set[int] = set()
+        self._pinned: set[int] = set()
 
-    def overtook(self, call_id: int) -> None:
-        """Notes that a call sent after repeat ``call_id`` arrived here; unless that repeat
-        has already run here (its id is kept, or older than every kept one: they leave
-        oldest first), it is still on its way."""
-        if call_id not in self._recent and call_id > min(self._recent, default=0):
-            self._overtaken.add(call_id)
+    def overtook(self, call_id: int, bare: bool) -> None:
+        """Notes that a call sent after repeat ``call_id`` arrived here, if that repeat has
+        not run here yet.
+
+        A bare repeat went when every earlier call had run everywhere, so no call older
+        than it can come after it: one not kept and newer than every kept call has not
+        run. A repeat with its id may have calls older than it still on their way, so
+        that does not hold; but the call it repeats ran here before it was sent, and
+        calls leave oldest first: while that call is kept, the repeat is kept once run.
+        """
+        if call_id in self._recent:
+            return
+        if bare:
+            if call_id > min(self._recent, default=0):
+                self._overtaken.add(call_id)
+        elif call_id - 1 in self._recent:
+            self._pinned.add(call_id)
 
     def next_repeat_id(self) -> int:
         """The id of a bare repeat that has just arrived (see calls.Dispatcher): when it
-        was sent, every earlier call had run here, and calls sent after it name it (a
-        repeat with its id that they named has run here too: it was done everywhere
-        before a bare repeat could be sent)."""
+        was sent, every earlier call had run here, and calls sent after it name it."""
         if self._overtaken:
             call_id = min(self._overtaken)
             self._overtaken.discard(call_id)
@@ -319,6 +335,7 @@ class RankCalls:
                 ``RECENT_CALLS`` calls came in between: that many in flight at once).
         """
         self._overtaken.discard(call_id)
+        self._pinned.discard(call_id)
         repeated = self._recent.get(call_id - 1)
         if repeated is None:
             raise RuntimeError(
@@ -338,7 +355,7 @@ class RankCalls:
         # once made it fail.
         while True:
             oldest = min(self._recent)
-            needed = oldest + 1 in self._overtaken
+            needed = oldest + 1 in self._overtaken or oldest + 1 in self._pinned
             over_bytes = self._recent_bytes > RECENT_BYTES and len(self._recent) > 1
             if not (len(self._recent) > RECENT_CALLS or (over_bytes and not needed)):
                 break

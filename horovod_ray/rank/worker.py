@@ -95,7 +95,7 @@ class Worker:
 
     def call(
         self,
-        call_id: int | tuple[int, int],
+        call_id: int | tuple[int, int, bool],
         key: int | None,
         fn: bytes | None,
         args: bytes | None,
@@ -106,12 +106,12 @@ class Worker:
         What the function raises goes back as a :class:`RankError`, read on the driver
         without importing the exception's module; ``as_raised`` sends the exception
         itself (``run_remote``: the caller reads the refs and may catch its type).
-        ``call_id`` is (id, that of a repeat still on its way) when it was sent after that
-        repeat.
+        ``call_id`` is (id, that of a repeat still on its way, whether it went bare) when
+        it was sent after that repeat.
         """
         if isinstance(call_id, tuple):
-            call_id, overtaken = call_id
-            self._calls.overtook(overtaken)
+            call_id, overtaken, bare = call_id
+            self._calls.overtook(overtaken, bare)
         function, arguments = self._calls.resolve(call_id, key, fn, args)
         return self._run(call_id, function, arguments, as_raised)
 

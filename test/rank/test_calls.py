@@ -22,7 +22,7 @@ def deliver(rank: RankCalls, message, executable=None):
         function, args = rank.repeat(message.call_id)
     else:
         if message.repeat_in_flight is not None:
-            rank.overtook(message.repeat_in_flight)
+            rank.overtook(message.repeat_in_flight, message.repeat_in_flight_bare)
         function, args = rank.resolve(message.call_id, message.key, message.fn, message.args)
     return invoke(function, args, executable)
 
@@ -192,6 +192,36 @@ def test_a_call_past_the_bytes_that_overtakes_a_repeat_leaves_it_its_call(monkey
             rank.repeat(3)
 
 
+def test_a_repeat_named_after_it_ran_and_left_gives_no_id_to_a_later_bare_repeat(monkeypatch):
+    """A repeat with its id may be followed by an older call still on its way: that call,
+    kept once it arrives, must not make a note of the repeat look pending (a later bare
+    repeat was then numbered as it, and failed)."""
+    f, g = prepare(len, [b"y" * 300]), prepare(add, [9])
+    late, big, small = prepare(add, [1]), prepare(len, [b"x" * 2000]), prepare(add, [5])
+    size = {id(c): len(c.fn) + len(c.args) for c in (f, late, big)}
+    monkeypatch.setattr(calls, "RECENT_BYTES", size[id(big)] + size[id(late)] + 10)
+    dispatcher, rank = Dispatcher(), RankCalls()
+    first = _decide(dispatcher, late)  # call 1, slow to reach this rank
+    second = _decide(dispatcher, f)  # call 2
+    deliver(rank, second)
+    dispatcher.completed(f, second)
+    repeat = _decide(dispatcher, f)  # call 3 repeats call 2, with its id (call 1 in flight)
+    assert repeat.again and not repeat.bare
+    after = [_decide(dispatcher, c) for c in (big, small)]  # calls 4 and 5 name call 3
+    assert [m.repeat_in_flight for m in after] == [3, 3]
+    assert deliver(rank, repeat) == 300
+    assert deliver(rank, after[0]) == 2000  # past the bytes: calls 2 and 3 leave
+    assert deliver(rank, first) == 1  # older than every call kept, and kept
+    assert deliver(rank, after[1]) == 5  # names call 3, which ran here
+    for call, message in zip((late, f, big, small), (first, repeat, *after), strict=True):
+        dispatcher.completed(call, message)
+    sixth = _decide(dispatcher, g)
+    assert deliver(rank, sixth) == 9
+    dispatcher.completed(g, sixth)
+    bare = _decide(dispatcher, g)  # call 7, nothing in flight
+    assert bare.bare and deliver(rank, bare) == 9
+
+
 def test_a_call_to_rank_0_alone_counts_as_in_flight_until_it_completes():
     dispatcher = Dispatcher()
     call, single_call = prepare(add, [1]), prepare_execute(len)
@@ -349,7 +379,7 @@ def test_a_repeat_is_never_overtaken_by_a_later_large_call(monkeypatch):
     assert [(kind, args[:1]) for kind, args in log] == [
         ("call", (1,)),
         ("again_next", ()),  # nothing else in flight: no argument
-        ("call", ((3, 2),)),  # sent while repeat 2 is in flight: names it
+        ("call", ((3, 2, True),)),  # sent while repeat 2 is in flight: names it
     ]
     assert [len(args) for _, args in log] == [4, 0, 4]  # as_raised only when True
     rank, results = RankCalls(), []

@@ -143,8 +143,8 @@ class Message:
     args: bytes | ray.ObjectRef | None
     bare: bool = False  # a repeat sent with no argument (the rank numbers it)
     all_ranks: bool = True
-    repeat_in_flight: int | None = None  # a repeat's id, while it may still be on its way
-    repeat_in_flight_bare: bool = False  # whether that repeat went bare
+    # (id, whether it went bare) of a repeat that may still be on its way
+    repeat_in_flight: tuple[int, bool] | None = None
 
 
 class Dispatcher:
@@ -203,10 +203,7 @@ class Dispatcher:
         call_id = self._call_id
         message = self._decide(call, call_id, all_ranks, as_raised)
         if self._repeat is not None and not message.again:
-            repeat_id, bare = self._repeat
-            return dataclasses.replace(
-                message, repeat_in_flight=repeat_id, repeat_in_flight_bare=bare
-            )
+            return dataclasses.replace(message, repeat_in_flight=self._repeat)
         return message
 
     def _decide(self, call: Call, call_id: int, all_ranks: bool, as_raised: bool) -> Message:
@@ -260,7 +257,7 @@ def send(worker: Any, message: Message, as_raised: bool = False) -> ray.ObjectRe
         return worker.again.remote(message.call_id, *raised)
     call_id = message.call_id
     if message.repeat_in_flight is not None:
-        call_id = (call_id, message.repeat_in_flight, message.repeat_in_flight_bare)
+        call_id = (call_id, *message.repeat_in_flight)
     return worker.call.remote(call_id, message.key, message.fn, message.args, *raised)
 
 
@@ -281,7 +278,6 @@ class RankCalls:
         # call id -> (function bytes, args payload), oldest first; bounded below.
         self._recent: dict[int, tuple[bytes, bytes | None]] = {}
         self._recent_bytes = 0
-        self._latest = 0  # the highest call id run here
         # Ids of repeats that later calls overtook: sent, not yet run here; bare ones
         # (numbered by next_repeat_id) and the others. The calls they repeat are kept
         # whatever their bytes (see _remember).
@@ -313,7 +309,8 @@ class RankCalls:
             call_id = min(self._overtaken)
             self._overtaken.discard(call_id)
             return call_id
-        return self._latest + 1
+        # The highest id run here: calls leave oldest first, and never the last one.
+        return max(self._recent, default=0) + 1
 
     def resolve(
         self, call_id: int, key: int | None, fn: bytes | None, args: bytes | None
@@ -347,7 +344,6 @@ class RankCalls:
         return cloudpickle.loads(fn), args
 
     def _remember(self, call_id: int, fn: bytes, args: bytes | None) -> None:
-        self._latest = max(self._latest, call_id)
         self._recent[call_id] = (fn, args)
         self._recent_bytes += len(fn) + len(args or b"")
         # Oldest first; past the bytes, not a call that a repeat still on its way needs:

@@ -22,7 +22,7 @@ def deliver(rank: RankCalls, message, executable=None):
         function, args = rank.repeat(message.call_id)
     else:
         if message.repeat_in_flight is not None:
-            rank.overtook(message.repeat_in_flight, message.repeat_in_flight_bare)
+            rank.overtook(*message.repeat_in_flight)
         function, args = rank.resolve(message.call_id, message.key, message.fn, message.args)
     return invoke(function, args, executable)
 
@@ -147,7 +147,7 @@ def test_a_bare_repeat_that_a_later_call_overtakes_keeps_its_id():
     bare = _decide(dispatcher, call)
     other = prepare(add, [7])
     later = _decide(dispatcher, other)  # sent while the bare repeat is in flight
-    assert bare.bare and (later.call_id, later.repeat_in_flight) == (3, 2)
+    assert bare.bare and (later.call_id, later.repeat_in_flight) == (3, (2, True))
     assert deliver(rank, later) == 7  # arrives first
     assert deliver(rank, bare) == 1
     dispatcher.completed(call, bare)
@@ -183,7 +183,7 @@ def test_a_call_past_the_bytes_that_overtakes_a_repeat_leaves_it_its_call(monkey
         repeat = _decide(dispatcher, call)  # call 3 repeats call 2
         assert repeat.again and repeat.bare == bare
         later = _decide(dispatcher, big)  # call 4, sent while the repeat is on its way
-        assert (later.call_id, later.repeat_in_flight) == (4, 3)
+        assert (later.call_id, later.repeat_in_flight) == (4, (3, bare))
         assert deliver(rank, later) == 3000  # arrives first, past the bytes alone
         assert deliver(rank, repeat) == 1
         # Once the repeat ran, the bytes bound holds again: the next call lets call 2 go.
@@ -208,7 +208,7 @@ def test_a_repeat_named_after_it_ran_and_left_gives_no_id_to_a_later_bare_repeat
     repeat = _decide(dispatcher, f)  # call 3 repeats call 2, with its id (call 1 in flight)
     assert repeat.again and not repeat.bare
     after = [_decide(dispatcher, c) for c in (big, small)]  # calls 4 and 5 name call 3
-    assert [m.repeat_in_flight for m in after] == [3, 3]
+    assert [m.repeat_in_flight for m in after] == [(3, False), (3, False)]
     assert deliver(rank, repeat) == 300
     assert deliver(rank, after[0]) == 2000  # past the bytes: calls 2 and 3 leave
     assert deliver(rank, first) == 1  # older than every call kept, and kept

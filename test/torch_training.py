@@ -232,6 +232,61 @@ def waiting_cpu(delay_s: float = 1.0) -> dict:
     }
 
 
+def collectives_under_a_long_cycle() -> dict:
+    """Four collectives, each waited on at once, under a HOROVOD_CYCLE_TIME of seconds (set
+    by the caller): the seconds they took and their sums. A caller waiting on a collective
+    starts horovod's next cycle at once
+    (patches/horovod-0.28.1-torch-waiting-caller-starts-the-cycle.patch); stock horovod's
+    background thread sleeps out the cycle time first, so each would take up to a cycle."""
+    import time
+
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    hvd.allreduce(torch.tensor(0.0), name="long_cycle.start")
+    started = time.perf_counter()
+    sums = [hvd.allreduce(torch.tensor(1.0), op=hvd.Sum).item() for _ in range(2)]
+    sums += [t.item() for t in hvd.grouped_allreduce([torch.tensor(1.0)] * 2, op=hvd.Sum)]
+    return {"seconds": time.perf_counter() - started, "sums": sums}
+
+
+def horovods_threads_cpu(operations: int = 400) -> dict:
+    """Milliseconds of CPU that the threads ``hvd.init()`` starts (horovod's background
+    thread, Gloo's I/O threads) spend per 1 MB allreduce, ``operations`` in a row. In
+    horovod's release, Gloo's I/O thread spins while another thread holds the connection
+    it has an event for, and a send holds it while it writes the buffer: under Ray on 2
+    cores one rank's threads took 2.3-2.6 ms of CPU per operation, 0.4-0.5 with
+    patches/horovod-0.28.1-gloo-loop-waits-for-a-busy-pair.patch."""
+    import os
+
+    import horovod.torch as hvd
+    import torch
+
+    def threads_cpu() -> dict[str, float]:
+        seconds = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except FileNotFoundError:  # the thread ended
+                continue
+            seconds[tid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return seconds
+
+    before_init = set(threads_cpu())
+    hvd.init()
+    data = torch.ones(1 << 18)
+    for _ in range(20):
+        hvd.allreduce_(data, op=hvd.Average, name="busy_pair")
+    start = threads_cpu()
+    for _ in range(operations):
+        hvd.allreduce_(data, op=hvd.Average, name="busy_pair")
+    end = threads_cpu()
+    spent = sum(end[tid] - start.get(tid, 0.0) for tid in end if tid not in before_init)
+    return {"cpu_ms": spent / operations * 1e3, "values": sorted(set(data.tolist()))}
+
+
 def uneven_then_join() -> dict:
     """Rank r runs r + 1 allreduces, then joins: a joined rank's share is zero, ``join``
     returns the last rank to join, and named collectives go on afterwards. (Unnamed ones

@@ -189,12 +189,31 @@ def torch_waits_without_spinning() -> bool:
     return _file_has(libs[0] if libs else None, b"was cleared while it was waited on")
 
 
+def torch_wait_starts_the_cycle() -> bool:
+    """Whether a ``horovod.torch`` caller waiting on a collective starts horovod's next
+    cycle at once (this repo's patch horovod-*-torch-waiting-caller-starts-the-cycle.patch);
+    stock horovod's background thread first sleeps out the cycle time (1 ms), most of a
+    small model's step (docs/benchmarks.rst)."""
+    package_dir = _horovod_dir()
+    pattern = os.path.join(package_dir or "", "torch", dict(_EXTENSIONS)["torch"])
+    libs = glob.glob(pattern) if package_dir else []
+    return _file_has(libs[0] if libs else None, b"CycleWaker14WakeIfEnqueued")
+
+
 def exchange_allreduce() -> bool:
     """Whether horovod's Gloo allreduce sends a small buffer in one message to each rank
     (this repo's patch horovod-*-gloo-exchange-allreduce.patch); stock horovod's uses
     Gloo's ring at every size, whose segments cost a millisecond or more on a few bytes
     (docs/benchmarks.rst)."""
     return _gloo_problem() is None and _extension_has(b"HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES")
+
+
+def gloo_loop_waits_for_busy_pairs() -> bool:
+    """Whether Gloo's I/O thread waits for a connection that another thread holds (this
+    repo's patch horovod-*-gloo-loop-waits-for-a-busy-pair.patch); the Gloo in horovod's
+    release spins on it meanwhile, for as long as a send holds it, taking the CPU from
+    the threads that do the work (docs/benchmarks.rst)."""
+    return _gloo_problem() is None and _extension_has(b"pthread_mutex_timedlock")
 
 
 def require_gloo() -> None:

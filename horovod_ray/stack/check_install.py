@@ -26,12 +26,14 @@ from horovod_ray.stack.build import (  # noqa: E402
     batched_rendezvous,
     exchange_allreduce,
     gloo_iface_fixed,
+    gloo_loop_waits_for_busy_pairs,
     install_hint,
     keras3_port,
     nccl_version,
     require_gloo,
     sync_batch_norm_on_cpu,
     torch_installed,
+    torch_wait_starts_the_cycle,
     torch_waits_without_spinning,
 )
 
@@ -160,6 +162,13 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
                 "horovod_ray: horovod.torch spins while it waits for a collective, as "
                 "released (slower on few cores; `make install` builds it with the fix)"
             )
+        if torch_wait_starts_the_cycle():
+            print("horovod_ray: horovod.torch starts a cycle when a caller waits on it")
+        else:
+            print(
+                "horovod_ray: horovod.torch's collectives wait for the next cycle, as "
+                "released (slower on small models; `make install` builds it with the fix)"
+            )
     else:
         print(
             "horovod_ray: PyTorch is installed but horovod lacks its extension, so "
@@ -178,6 +187,13 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
             "horovod_ray: horovod's Gloo allreduce splits even small buffers into Gloo's "
             "ring segments, as released (slower on small tensors; `make install` builds "
             "it with the fix)"
+        )
+    if gloo_loop_waits_for_busy_pairs():
+        print("horovod_ray: horovod's Gloo waits for a busy connection without spinning")
+    else:
+        print(
+            "horovod_ray: horovod's Gloo spins while a send holds a connection, as "
+            "released (slower on few cores; `make install` builds it with the fix)"
         )
     port = keras3_port()
     if port:

@@ -36,6 +36,26 @@ from bench import b1, b2, b3, b4, b5, b6, b9, cloud, report, scale, scripts
 from bench.common import MODES, NUM_CPUS, RESULTS, Mode, in_own_process
 from horovod_ray import local_ray
 
+# What a pass runs unless --only says otherwise; "sweep", "scale" and "scale_start" only
+# when named.
+DEFAULT_PARTS = (
+    "b1",
+    "b2",
+    "b3",
+    "b4",
+    "b5",
+    "b6",
+    "b6e",
+    "drain",
+    "train_drain",
+    "autoscaler",
+    "b7",
+    "b8",
+    "b9",
+    "resume",
+    "bt",
+)
+
 
 def _sweep_point(text: str) -> tuple[int, int]:
     """``--sweep-point MB:RANKS`` as (bytes, ranks)."""
@@ -50,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", choices=sorted(MODES), default="quick")
     parser.add_argument(
         "--only",
-        default="b1,b2,b3,b4,b5,b6,b6e,drain,train_drain,autoscaler,b7,b8,b9,resume",
+        default=",".join(DEFAULT_PARTS),
         help="comma-separated subset",
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
@@ -110,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     may_install = args.mode != "smoke"
     _on_local_ray(parts, mode, may_install, sweep_points)
     _on_their_own_ray(parts, mode, may_install)
-    parts.run("bt", in_own_process, "bench.bt", args.mode)  # --only bt: PyTorch's peers
+    parts.run("bt", in_own_process, "bench.bt", args.mode)  # PyTorch's peers
     parts.run("train_drain", in_own_process, "bench.train_drain", args.mode)  # B10's Train v2
     parts.run("resume", in_own_process, "bench.resume", args.mode)  # B12, against Train v2
     results["parts_s"] = parts.seconds

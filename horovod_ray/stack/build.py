@@ -213,7 +213,9 @@ def gloo_loop_waits_for_busy_pairs() -> bool:
     repo's patch horovod-*-gloo-loop-waits-for-a-busy-pair.patch); the Gloo in horovod's
     release spins on it meanwhile, for as long as a send holds it, taking the CPU from
     the threads that do the work (docs/benchmarks.rst)."""
-    return _gloo_problem() is None and _extension_has(b"pthread_mutex_timedlock")
+    return _gloo_problem() is None and (
+        _extension_has(b"pthread_mutex_clocklock") or _extension_has(b"pthread_mutex_timedlock")
+    )
 
 
 def require_gloo() -> None:

@@ -193,58 +193,37 @@ def test_the_install_check_sees_sync_batch_norm_on_cpus(monkeypatch, tmp_path):
 @pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="this line has no PyTorch (the 2023 line)"
 )
-def test_the_install_check_sees_the_wait_without_spinning(monkeypatch, tmp_path):
+@pytest.mark.parametrize("check", ["torch_waits_without_spinning", "torch_wait_starts_the_cycle"])
+def test_the_install_check_sees_the_torch_extensions_fixes(check, monkeypatch, tmp_path):
     """The patched horovod's torch extension, then a stock one's."""
     from horovod_ray.stack import build
 
-    assert build.torch_waits_without_spinning()
+    assert getattr(build, check)()
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so").write_bytes(
         b"\x7fELF Handle was not created or has been cleared."
     )
     monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
-    assert not build.torch_waits_without_spinning()
+    assert not getattr(build, check)()
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="this line has no PyTorch (the 2023 line)"
+@pytest.mark.parametrize(
+    ("check", "stock_marker"),
+    [
+        ("exchange_allreduce", b"HOROVOD_GLOO_TIMEOUT_SECONDS"),
+        ("gloo_loop_waits_for_busy_pairs", b"pthread_mutex_trylock"),
+    ],
 )
-def test_the_install_check_sees_the_waiting_caller_start_the_cycle(monkeypatch, tmp_path):
-    """The patched horovod's torch extension, then a stock one's."""
-    from horovod_ray.stack import build
-
-    assert build.torch_wait_starts_the_cycle()
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so").write_bytes(
-        b"\x7fELF Handle was not created or has been cleared."
-    )
-    monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
-    assert not build.torch_wait_starts_the_cycle()
-
-
-@pytest.mark.unit
-def test_the_install_check_sees_gloos_loop_wait_for_a_busy_pair(monkeypatch, tmp_path):
+def test_the_install_check_sees_the_gloo_fixes(check, stock_marker, monkeypatch, tmp_path):
     """The patched horovod's extension, then a stock one's."""
     from horovod_ray.stack import build
 
-    assert build.gloo_loop_waits_for_busy_pairs()
+    assert getattr(build, check)()
     stock = tmp_path / "mpi_lib.so"
-    stock.write_bytes(b"\x7fELF pthread_mutex_trylock")
+    stock.write_bytes(b"\x7fELF " + stock_marker)
     monkeypatch.setattr(build, "_extension", lambda: str(stock))
-    assert not build.gloo_loop_waits_for_busy_pairs()
-
-
-@pytest.mark.unit
-def test_the_install_check_sees_the_exchange_allreduce(monkeypatch, tmp_path):
-    """The patched horovod's extension, then a stock one's."""
-    from horovod_ray.stack import build
-
-    assert build.exchange_allreduce()
-    stock = tmp_path / "mpi_lib.so"
-    stock.write_bytes(b"\x7fELF HOROVOD_GLOO_TIMEOUT_SECONDS")
-    monkeypatch.setattr(build, "_extension", lambda: str(stock))
-    assert not build.exchange_allreduce()
+    assert not getattr(build, check)()
 
 
 @pytest.mark.unit

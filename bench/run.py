@@ -38,22 +38,8 @@ from horovod_ray import local_ray
 
 # What a pass runs unless --only says otherwise; "sweep", "scale" and "scale_start" only
 # when named.
-DEFAULT_PARTS = (
-    "b1",
-    "b2",
-    "b3",
-    "b4",
-    "b5",
-    "b6",
-    "b6e",
-    "drain",
-    "train_drain",
-    "autoscaler",
-    "b7",
-    "b8",
-    "b9",
-    "resume",
-    "bt",
+DEFAULT_PARTS = tuple(
+    "b1 b2 b3 b4 b5 b6 b6e drain train_drain autoscaler b7 b8 b9 resume bt".split()
 )
 
 

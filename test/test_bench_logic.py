@@ -22,3 +22,11 @@ pytestmark = pytest.mark.unit
 def test_redone_counts_the_steps_the_smaller_world_did_again(steps, again):
     begun = [(step, size, float(t)) for t, (step, size) in enumerate(steps)]
     assert redone(begun, at=2.5) == again
+
+
+def test_a_default_pass_runs_every_benchmark_with_a_speed_goal():
+    """make bench reports B1, B3 and BT's goals (docs/benchmarks.rst); BT was once only
+    run when named."""
+    from bench.run import _parser
+
+    assert {"b1", "b3", "bt"} <= set(_parser().parse_args([]).only.split(","))

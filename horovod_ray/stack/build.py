@@ -90,6 +90,15 @@ def _extension_has(marker: bytes) -> bool:
     return _file_has(_extension(), marker)
 
 
+def _torch_extension_has(marker: bytes) -> bool:
+    """Whether horovod.torch's extension (not the first one found, as _extension_has
+    reads) holds ``marker``."""
+    package_dir = _horovod_dir()
+    pattern = os.path.join(package_dir or "", "torch", dict(_EXTENSIONS)["torch"])
+    libs = glob.glob(pattern) if package_dir else []
+    return _file_has(libs[0] if libs else None, marker)
+
+
 def _file_has(path: str | None, marker: bytes) -> bool:
     if path is None:
         return False
@@ -183,10 +192,7 @@ def torch_waits_without_spinning() -> bool:
     """Whether ``horovod.torch``'s wait for a collective sleeps (this repo's patch
     horovod-*-torch-wait-without-spinning.patch); stock horovod's loops on poll and yield,
     taking a core from the threads that do the work (docs/benchmarks.rst)."""
-    package_dir = _horovod_dir()
-    pattern = os.path.join(package_dir or "", "torch", dict(_EXTENSIONS)["torch"])
-    libs = glob.glob(pattern) if package_dir else []
-    return _file_has(libs[0] if libs else None, b"was cleared while it was waited on")
+    return _torch_extension_has(b"was cleared while it was waited on")
 
 
 def torch_wait_starts_the_cycle() -> bool:
@@ -194,10 +200,7 @@ def torch_wait_starts_the_cycle() -> bool:
     cycle at once (this repo's patch horovod-*-torch-waiting-caller-starts-the-cycle.patch);
     stock horovod's background thread first sleeps out the cycle time (1 ms), most of a
     small model's step (docs/benchmarks.rst)."""
-    package_dir = _horovod_dir()
-    pattern = os.path.join(package_dir or "", "torch", dict(_EXTENSIONS)["torch"])
-    libs = glob.glob(pattern) if package_dir else []
-    return _file_has(libs[0] if libs else None, b"CycleWaker14WakeIfEnqueued")
+    return _torch_extension_has(b"CycleWaker14WakeIfEnqueued")
 
 
 def exchange_allreduce() -> bool:

@@ -213,9 +213,10 @@ def test_the_install_check_sees_the_torch_extensions_fixes(check, monkeypatch, t
     [
         ("exchange_allreduce", b"HOROVOD_GLOO_TIMEOUT_SECONDS"),
         ("gloo_loop_waits_for_busy_pairs", b"pthread_mutex_trylock"),
+        ("core_counters", b"horovod_process_set_ranks"),
     ],
 )
-def test_the_install_check_sees_the_gloo_fixes(check, stock_marker, monkeypatch, tmp_path):
+def test_the_install_check_sees_the_core_fixes(check, stock_marker, monkeypatch, tmp_path):
     """The patched horovod's extension, then a stock one's."""
     from horovod_ray.stack import build
 

@@ -221,6 +221,13 @@ def gloo_loop_waits_for_busy_pairs() -> bool:
     )
 
 
+def core_counters() -> bool:
+    """Whether horovod counts its collectives and which rank the others waited for (this
+    repo's patch horovod-*-work-and-straggler-counters.patch), which the ranks' metrics
+    read (docs/observability.rst); stock horovod keeps neither."""
+    return _extension_has(b"horovod_ray_waited_for")
+
+
 def require_gloo() -> None:
     """Raises HorovodRayError, naming the install command, unless horovod has Gloo and a
     framework extension."""

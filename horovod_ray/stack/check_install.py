@@ -24,6 +24,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     GPU_HINTS,
     TORCH_HINT,
     batched_rendezvous,
+    core_counters,
     exchange_allreduce,
     gloo_iface_fixed,
     gloo_loop_waits_for_busy_pairs,
@@ -194,6 +195,13 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
         print(
             "horovod_ray: horovod's Gloo spins while a send holds a connection, as "
             "released (slower on few cores; `make install` builds it with the fix)"
+        )
+    if core_counters():
+        print("horovod_ray: horovod counts its collectives and the ranks it waited for")
+    else:
+        print(
+            "horovod_ray: horovod keeps no counters of its collectives, as released (the "
+            "jobs' metrics lack them and the straggler; `make install` builds it with them)"
         )
     port = keras3_port()
     if port:

@@ -106,7 +106,7 @@ HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
 .PHONY: install horovod-wheel test test-suite test-2023 test-subset test-gpu-line test-gpu \
-	test-bench demo docs lint \
+	test-bench prometheus demo docs lint \
 	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
@@ -168,7 +168,7 @@ endif
 # changing bench/. Pure logic first (no Ray, seconds), then everything on real Ray: a test
 # module says which it is (``pytestmark = pytest.mark.unit``; test/conftest.py fails a unit
 # test that starts Ray).
-test-suite: install
+test-suite: install prometheus
 	$(PY) -m pytest $(PYTEST_ARGS) -m unit test
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py test
 
@@ -202,6 +202,12 @@ test-gpu:
 
 test-bench: install
 	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py
+
+# Debian's Prometheus, which test/observe starts with a config of its own to scrape a real
+# job (docs/observability.rst); never started as a service here.
+prometheus:
+	command -v prometheus >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; }
 
 demo: install
 	$(PY) examples/tensorflow2_digits.py --num-workers 2

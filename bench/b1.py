@@ -37,6 +37,12 @@ def b1(mode: Mode, may_install: bool) -> dict:
         "horovod_ray": lambda: mbps(
             horovod_ray_run(2, workloads.allreduce_throughput, nbytes, iters, warmup)[0]
         ),
+        # The cost of the metrics, on by default: docs/observability.rst.
+        "horovod_ray metrics off": lambda: mbps(
+            horovod_ray_run(
+                2, workloads.allreduce_throughput, nbytes, iters, warmup, metrics=False
+            )[0]
+        ),
         # As on a Ray the user started with ray.init(): Ray gives its workers niceness 15
         # (the bench's local Ray, like run()'s, gives 0).
         "horovod_ray nice 15": lambda: mbps(
@@ -58,6 +64,7 @@ def b1(mode: Mode, may_install: bool) -> dict:
         "b1_allreduce_mbps": {name: summary(values) for name, values in runs.items()},
         "b1_ratio_vs_horovodrun": ratio(runs["horovod_ray"], runs["horovodrun"]),
         "b1_ratio_vs_horovod_ray": ratio(runs["horovod_ray"], runs["horovod.ray"]),
+        "b1_ratio_metrics_on_vs_off": ratio(runs["horovod_ray"], runs["horovod_ray metrics off"]),
         "b1_ratio_at_rays_niceness_vs_horovodrun": ratio(
             runs["horovod_ray nice 15"], runs["horovodrun"]
         ),

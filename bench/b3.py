@@ -40,24 +40,34 @@ def b3(mode: Mode) -> dict:
 
     bare = [Bare.remote() for _ in range(4)]
     ray.get([actor.noop.remote() for actor in bare])
-    # Both executors' 4 workers at half a CPU each, so that they fit the 4 CPUs together.
+    # The three executors' 4 workers at a third of a CPU each, so that they fit the 4 CPUs
+    # together.
+    cpus = 0.33
     reference = ReferenceExecutor(
-        ReferenceExecutor.create_settings(timeout_s=120), num_workers=4, cpus_per_worker=0.5
+        ReferenceExecutor.create_settings(timeout_s=120), num_workers=4, cpus_per_worker=cpus
     )
     reference.start()
     settings = RayExecutor.create_settings(verbose=0)
+    # The cost of the metrics, on by default (docs/observability.rst).
+    quiet = RayExecutor(
+        RayExecutor.create_settings(verbose=0, metrics=False), num_workers=4, cpus_per_worker=cpus
+    )
     try:
-        with RayExecutor(settings, num_workers=4, cpus_per_worker=0.5) as executor:
+        quiet.start()
+        with RayExecutor(settings, num_workers=4, cpus_per_worker=cpus) as executor:
             executor.execute(workloads.noop)
             reference.execute(workloads.noop)
+            quiet.execute(workloads.noop)
             systems = {
                 "horovod_ray": lambda: timed(lambda: executor.execute(workloads.noop)),
+                "horovod_ray metrics off": lambda: timed(lambda: quiet.execute(workloads.noop)),
                 "horovod_ray run()": lambda: timed(lambda: executor.run(os.getpid)),
                 "horovod.ray": lambda: timed(lambda: reference.execute(workloads.noop)),
                 "bare_ray": lambda: timed(lambda: ray.get([a.noop.remote() for a in bare])),
             }
             runs = alternate(systems, mode.reps)
     finally:
+        quiet.stop()
         reference.shutdown()
         for actor in bare:
             ray.kill(actor)
@@ -65,5 +75,6 @@ def b3(mode: Mode) -> dict:
         "b3_call_ms": {name: summary(values) for name, values in runs.items()},
         "b3_ratio": ratio(runs["horovod_ray"], runs["bare_ray"]),
         "b3_run_ratio": ratio(runs["horovod_ray run()"], runs["bare_ray"]),
+        "b3_ratio_metrics_on_vs_off": ratio(runs["horovod_ray"], runs["horovod_ray metrics off"]),
         "b3_horovod_ray_ratio": ratio(runs["horovod.ray"], runs["bare_ray"]),
     }

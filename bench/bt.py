@@ -291,6 +291,10 @@ def bt(mode: Mode) -> dict:
             "torch.distributed": lambda: torch_distributed_figures(WORKERS, points, warmup, steps),
             "horovod_ray x4": lambda: horovod_ray_run(4, hvd_figures, four, warmup, 0)[0],
             "torch.distributed x4": lambda: torch_distributed_figures(4, four, warmup, 0),
+            # BT4 with the straggler's attribution (horovod's response cache off).
+            "horovod_ray find_stragglers": lambda: horovod_ray_run(
+                WORKERS, hvd_figures, [], warmup, steps, find_stragglers=True
+            )[0],
         },
         mode.reps,
     )
@@ -314,12 +318,21 @@ def bt(mode: Mode) -> dict:
         "horovod_ray": [run["steps_per_s"] for run in runs["horovod_ray"]],
         "DDP": [run["steps_per_s"] for run in runs["torch.distributed"]],
     }
-    out["bt4_steps_per_s"] = {name: summary(v) for name, v in small.items()}
+    stragglers = [run["steps_per_s"] for run in runs["horovod_ray find_stragglers"]]
+    out["bt4_steps_per_s"] = {
+        **{name: summary(v) for name, v in small.items()},
+        "horovod_ray find_stragglers": summary(stragglers),
+    }
     out["bt4_ratio"] = ratio(small["horovod_ray"], small["DDP"])
+    out["bt4_ratio_stragglers_on_vs_off"] = ratio(stragglers, small["horovod_ray"])
     with tempfile.TemporaryDirectory() as storage:
         epoch = alternate(
             {
                 "horovod_ray": lambda: horovod_ray_run(WORKERS, hvd_epoch_seconds)[0],
+                # The metrics' cost on many small steps.
+                "horovod_ray metrics off": lambda: horovod_ray_run(
+                    WORKERS, hvd_epoch_seconds, metrics=False
+                )[0],
                 "TorchTrainer": lambda: _trainer_metrics(_trainer_epoch_loop, storage)["seconds"],
             },
             mode.reps,
@@ -336,6 +349,9 @@ def bt(mode: Mode) -> dict:
         cold = alternate({"horovod_ray": hvd_cold, "TorchTrainer": trainer_cold}, mode.reps, True)
     out["bt2_epoch_s"] = {name: summary(v) for name, v in epoch.items()}
     out["bt2_ratio"] = ratio(epoch["horovod_ray"], epoch["TorchTrainer"])
+    out["bt2_ratio_metrics_on_vs_off"] = ratio(
+        epoch["horovod_ray"], epoch["horovod_ray metrics off"]
+    )
     out["bt3_cold_start_s"] = {name: summary(v) for name, v in cold.items()}
     out["bt3_ratio"] = ratio(cold["horovod_ray"], cold["TorchTrainer"])
     return out

@@ -248,13 +248,26 @@ def horovodrun(args: list[str], num_workers: int) -> list[str]:
 
 
 def horovod_ray_run(
-    num_workers: int, fn, *args, env: dict | None = None, niceness: int | None = None
+    num_workers: int,
+    fn,
+    *args,
+    env: dict | None = None,
+    niceness: int | None = None,
+    metrics: bool = True,
+    find_stragglers: bool = False,
 ):
     """``fn(*args)`` on ``num_workers`` ranks of a fresh horovod_ray job (``env`` set first;
-    ``niceness``: the ranks', None for the Ray's workers')."""
+    ``niceness``: the ranks', None for the Ray's workers'; ``metrics`` off: none exported,
+    ``find_stragglers``: the straggler's attribution, horovod's response cache off)."""
     from horovod_ray import RayExecutor
 
-    settings = RayExecutor.create_settings(timeout_s=120, verbose=0, niceness=niceness)
+    settings = RayExecutor.create_settings(
+        timeout_s=120,
+        verbose=0,
+        niceness=niceness,
+        metrics=metrics,
+        find_stragglers=find_stragglers,
+    )
     with RayExecutor(settings, num_workers=num_workers) as executor:
         if env:
             executor.run(os.environ.update, args=[env])

@@ -37,6 +37,9 @@ def _print_bt(results: dict) -> None:
                 print(_row(name, s, unit))
             ratio_key = key.split("_")[0] + "_ratio"
             print(f"  {ratio_key:<32} {results[ratio_key]:.3f}")
+            for cost in ("_metrics_on_vs_off", "_stragglers_on_vs_off"):
+                if ratio_key + cost in results:
+                    print(f"  {ratio_key + cost:<32} {results[ratio_key + cost]:.3f}")
 
 
 def _print_b9(results: dict) -> None:
@@ -65,6 +68,7 @@ def _print_b1(results: dict) -> None:
             "b1_ratio_at_rays_niceness_vs_horovodrun",
             "b1_ratio_vs_raw_gloo",
             "b1_ratio_vs_horovod_ray",
+            "b1_ratio_metrics_on_vs_off",
         ):
             if key in results:
                 print(f"  {key:<32} {results[key]:.3f}")
@@ -94,8 +98,9 @@ def _print_b3_b4_b5(results: dict) -> None:
         for name, s in results["b3_call_ms"].items():
             print(_row(name, s, "ms"))
         print(f"  b3_ratio {results['b3_ratio']:.3f}  b3_run_ratio {results['b3_run_ratio']:.3f}")
-        if "b3_horovod_ray_ratio" in results:
-            print(f"  b3_horovod_ray_ratio {results['b3_horovod_ray_ratio']:.3f}")
+        for key in ("b3_horovod_ray_ratio", "b3_ratio_metrics_on_vs_off"):
+            if key in results:
+                print(f"  {key} {results[key]:.3f}")
     if "b4_tune_s" in results:
         print("B4 Tune turnaround")
         for name, s in results["b4_tune_s"].items():

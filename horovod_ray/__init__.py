@@ -28,6 +28,7 @@ from horovod_ray.errors import (
 )
 from horovod_ray.failures.restarts import attempt
 from horovod_ray.job.lifecycle import ExecutorState
+from horovod_ray.observe.registry import JobStatus, jobs
 from horovod_ray.rank.logs import Callback, log
 from horovod_ray.rank.report import get_checkpoint, report
 from horovod_ray.run import run
@@ -47,6 +48,7 @@ __all__ = [
     "ExecutorStateError",
     "HangError",
     "HorovodRayError",
+    "JobStatus",
     "NodeDrainingError",
     "PlacementTimeoutError",
     "RankError",
@@ -59,6 +61,7 @@ __all__ = [
     "__version__",
     "attempt",
     "get_checkpoint",
+    "jobs",
     "log",
     "report",
     "run",

@@ -42,7 +42,15 @@ _LAUNCHER_SETTINGS = frozenset(
     }
 )
 # This package's own keyword-only settings, taken here too.
-_JOB_SETTINGS = ("placement_group_timeout_s", "stall_timeout_s", "niceness")
+_JOB_SETTINGS = (
+    "placement_group_timeout_s",
+    "stall_timeout_s",
+    "niceness",
+    "name",
+    "metrics",
+    "report_values",
+    "find_stragglers",
+)
 # RayExecutor's names for what ElasticRayExecutor's user gives under these.
 _NAMES = {
     "cpus_per_worker": "cpus_per_slot",
@@ -108,7 +116,8 @@ def create_elastic_settings(
     as in ``RayExecutor.create_settings`` (horovod.ray's 30 s was its launcher's start
     timeout). Of horovod's other settings, ``verbose`` (an int, or True/False; 0 by
     default, as horovod's) and ``cooldown_range`` are taken, as are this package's
-    ``placement_group_timeout_s``, ``stall_timeout_s`` and ``niceness``;
+    ``placement_group_timeout_s``, ``stall_timeout_s``, ``niceness``, ``name``,
+    ``metrics``, ``report_values`` and ``find_stragglers``;
     ``ssh_identity_file`` and the settings of horovodrun's launcher (``ssh_port``,
     ``output_filename``, ...) are taken and not used, with a warning.
 

@@ -15,7 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.checkpoints import store
-from horovod_ray.errors import ExecutorStateError, start_error
+from horovod_ray.errors import ConfigError, ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
@@ -26,8 +26,10 @@ from horovod_ray.job.lifecycle import (
     Lifecycle,
     state_hint,
 )
+from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import calls
 from horovod_ray.rank.assignment import RankInfo
+from horovod_ray.rank.timeline import TIMELINE_ENV
 from horovod_ray.settings import Settings, create_settings, require_settings
 
 logger = logging.getLogger(__name__)
@@ -121,8 +123,22 @@ class RayExecutor:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
-        self._job = kinds.create(settings, self.layout, self.elastic)
-        self._lifecycle = Lifecycle()
+        if self.elastic is not None and settings.timeline is not None:
+            raise ConfigError(
+                "timeline",
+                "timeline is for static jobs: an elastic job's rank 0 changes with its "
+                "world; leave timeline out (or set HOROVOD_TIMELINE in extra_env_vars for "
+                "a file on each rank 0's node)",
+            )
+        # The job's metrics and GCS record; run() puts one shared by its restarts here.
+        self._telemetry = JobTelemetry.of(settings, self.elastic is not None)
+        self._job = kinds.create(
+            settings,
+            self.layout,
+            self.elastic,
+            on_world=lambda size, resets: self._telemetry.world(size, resets),
+        )
+        self._lifecycle = Lifecycle(on_change=lambda state: self._telemetry.state(state.value))
         self._calls = CallGate(self._lifecycle)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
@@ -133,6 +149,11 @@ class RayExecutor:
     def state(self) -> ExecutorState:
         """The current lifecycle state."""
         return self._lifecycle.state
+
+    @property
+    def job_id(self) -> str:
+        """The job's id: its metrics' ``job_id`` label and its ``horovod-ray status`` row."""
+        return self._telemetry.id
 
     @property
     def num_workers(self) -> int:
@@ -213,10 +234,18 @@ class RayExecutor:
         )
         if self.settings.storage is not None:
             env.update(store.job_env(self.settings.storage))
+        for key, value in self._telemetry.rank_env().items():
+            env.setdefault(key, value)  # the user's HOROVOD_CACHE_CAPACITY wins
+        if self.settings.timeline is not None:
+            # Rank 0 writes it on its node; the job brings it to settings.timeline as it
+            # stops (rank/timeline).
+            env[TIMELINE_ENV] = "1"
         kind = self._job
         kind.prepare()
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
+        if self.elastic is not None:
+            self._telemetry.ranks(self.elastic.max_workers or self.elastic.min_workers, 0)
         try:
             kind.start(env, executable, self._cancel.check)
             self._cancel.check()
@@ -229,6 +258,10 @@ class RayExecutor:
             if error is err:
                 raise  # the error start() met, as it was
             raise error from err
+        if self.elastic is None:
+            size = len(kind.ranks)
+            self._telemetry.ranks(size, size)
+            self._telemetry.started(kind.start_s)
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)

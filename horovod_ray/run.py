@@ -45,6 +45,10 @@ def run(
     name: str | None = None,
     checkpoint_config: Any = None,
     storage_filesystem: Any = None,
+    metrics: bool = True,
+    report_values: bool = False,
+    find_stragglers: bool = False,
+    timeline: str | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -98,13 +102,22 @@ def run(
             resume"). Each attempt of ``max_restarts``, and a later call with the same
             ``storage_path`` and ``name``, starts from the latest one there
             (``horovod_ray.get_checkpoint()``).
-        name: The run's folder under ``storage_path``; None makes one from the time
-            (logged; give it again to resume). Read it back with
+        name: The job's name in its metrics and ``horovod-ray status``; with
+            ``storage_path``, also the run's folder there (None makes one from the time,
+            logged; give it again to resume), else None names it ``train_fn``'s. Read it
+            back with
             ``horovod_ray.Result.from_path(f"{storage_path}/{name}")``.
         checkpoint_config: A ``ray.train.CheckpointConfig``: ``num_to_keep`` (the best
             by ``checkpoint_score_attribute`` and ``checkpoint_score_order``, and always
             the latest).
         storage_filesystem: A ``pyarrow.fs.FileSystem`` that ``storage_path`` is on.
+        metrics: Export the job's and the ranks' metrics through Ray's metrics pipeline
+            (docs/observability.rst).
+        report_values: Each rank also exports the numbers it passes to ``report()``.
+        find_stragglers: Also name the rank the others wait for (horovod's response
+            cache then off, a cost: see ``Settings``).
+        timeline: Write horovod's timeline (rank 0's Chrome trace) to this path on the
+            driver when the job stops; with ``max_restarts``, the last attempt's.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -126,6 +139,7 @@ def run(
     """
     # Here, not at the top: a rank's process imports this module (see __init__).
     from horovod_ray.executor import RayExecutor
+    from horovod_ray.observe.job import JobTelemetry
 
     settings = create_settings(
         timeout_s=timeout_s,
@@ -137,6 +151,10 @@ def run(
         name=name,
         checkpoint_config=checkpoint_config,
         storage_filesystem=storage_filesystem,
+        metrics=metrics,
+        report_values=report_values,
+        find_stragglers=find_stragglers,
+        timeline=timeline,
     )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
@@ -166,8 +184,14 @@ def run(
     ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
     _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
 
+    # One job to its metrics and ``horovod-ray status``, whatever its restarts.
+    telemetry = JobTelemetry.of(settings, elastic, getattr(train_fn, "__name__", None))
+
     def run_attempt(number: int) -> list[Any]:
         job = executor()
+        job._telemetry = telemetry
+        if number:
+            telemetry.restarted()
         try:
             job.start(extra_env_vars={**env, restarts.ATTEMPT_ENV: str(number)})
             return job._run_call(call, callbacks)

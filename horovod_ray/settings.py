@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import numbers
+import os
 from typing import Iterable, Mapping
 
 from horovod_ray.checkpoints import spec
@@ -135,6 +136,20 @@ class Settings:
             releasing everything (an elastic job's slot fails, as for ``nics``).
         storage: Where rank 0's reported checkpoints persist and jobs resume from
             (``create_settings(storage_path=..., name=...)``); None keeps none.
+        name: The job's name in its metrics and in ``horovod-ray status`` (with a
+            storage path, also its folder there); None: the storage's folder name, else
+            ``run()``'s function's name, else "job".
+        metrics: Export the job's metrics through Ray's metrics pipeline and the ranks'
+            through their nodes' (docs/observability.rst).
+        report_values: With ``metrics``, each rank also exports the numbers it passes
+            to ``report()``.
+        find_stragglers: With ``metrics``, name the rank the others wait for: horovod's
+            coordinator then sees every collective's requests, with its response cache
+            off, which costs about 4 % of a step of 100 small gradients (BT4 in
+            docs/benchmarks.rst); so off by default.
+        timeline: A path on the driver: rank 0 records horovod's timeline (a Chrome
+            trace, ``HOROVOD_TIMELINE``) wherever it runs, and the file is written here
+            when the job stops (a static job's; None: no timeline).
     """
 
     timeout_s: float = 120
@@ -144,8 +159,31 @@ class Settings:
     stall_timeout_s: float = STALL_TIMEOUT_S
     niceness: int | None = None
     storage: RunStorage | None = None
+    name: str | None = None
+    metrics: bool = True
+    report_values: bool = False
+    find_stragglers: bool = False
+    timeline: str | None = None
 
     def __post_init__(self) -> None:
+        if self.timeline is not None:
+            if isinstance(self.timeline, os.PathLike):
+                object.__setattr__(self, "timeline", os.fspath(self.timeline))
+            if not isinstance(self.timeline, str) or not self.timeline:
+                raise ConfigError(
+                    "timeline", f"timeline must be a file path or None, got {self.timeline!r}"
+                )
+            # The driver's folder now: the file is written when the job stops.
+            object.__setattr__(self, "timeline", os.path.abspath(self.timeline))
+        for flag in ("metrics", "report_values", "find_stragglers"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(
+                    flag, f"{flag} must be True or False, got {getattr(self, flag)!r}"
+                )
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ConfigError("name", f"name must be a non-empty str or None, got {self.name!r}")
+        if self.name is None and self.storage is not None:
+            object.__setattr__(self, "name", self.storage.name)
         require_seconds("timeout_s", self.timeout_s)
         require_seconds("stall_timeout_s", self.stall_timeout_s, zero="0: no hang detection")
         require_seconds("placement_group_timeout_s", self.placement_group_timeout_s)
@@ -181,6 +219,10 @@ def create_settings(
     name: str | None = None,
     checkpoint_config: object = None,
     storage_filesystem: object = None,
+    metrics: bool = True,
+    report_values: bool = False,
+    find_stragglers: bool = False,
+    timeline: str | None = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -194,7 +236,9 @@ def create_settings(
     ``horovod_ray.report(metrics, checkpoint=...)`` persists to ``storage_path/name``
     (``name`` None: one made from the time), and a job started with the same two
     resumes from the latest checkpoint there (``horovod_ray.get_checkpoint()``); see
-    ``horovod_ray.checkpoints.spec.create``.
+    ``horovod_ray.checkpoints.spec.create``. ``name`` also names the job in its metrics
+    and in ``horovod-ray status``; ``metrics``, ``report_values``, ``find_stragglers`` and
+    ``timeline`` are :class:`Settings`'.
 
     Raises:
         ConfigError: A value is out of range or of the wrong type.
@@ -221,6 +265,11 @@ def create_settings(
         stall_timeout_s=stall_timeout_s,
         niceness=niceness,
         storage=spec.create(storage_path, name, checkpoint_config, storage_filesystem),
+        name=name,
+        metrics=metrics,
+        report_values=report_values,
+        find_stragglers=find_stragglers,
+        timeline=timeline,
     )
 
 
@@ -245,6 +294,10 @@ MANAGED_ENV = frozenset(
         spec.STORAGE_ENV,
         spec.CHECKPOINT_ENV,
         spec.FIRST_INDEX_ENV,
+        "HOROVOD_RAY_JOB_ID",
+        "HOROVOD_RAY_JOB_NAME",
+        "HOROVOD_RAY_METRICS",
+        "HOROVOD_RAY_TIMELINE",
     }
 )
 

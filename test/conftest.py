@@ -44,15 +44,29 @@ def _shutdown() -> None:
     _current["kind"] = None
 
 
-def start_local_ray(num_cpus: int = 4, num_gpus: int = 0, log_to_driver: bool = False) -> None:
+def start_local_ray(
+    num_cpus: int = 4, num_gpus: int = 0, log_to_driver: bool = False, metrics: bool = False
+) -> None:
     """A local Ray with the given resources, reused when one like it is already up; the
-    workers' output reaches this process only if ``log_to_driver``."""
-    kind = ("local", num_cpus, num_gpus, log_to_driver)
+    workers' output reaches this process only if ``log_to_driver``. With ``metrics``, its
+    dashboard runs (it writes the metrics ports' service-discovery file) and every process
+    exports its metrics each second (Ray's default: every 10 s)."""
+    kind = ("local", num_cpus, num_gpus, log_to_driver, metrics)
     if _current["kind"] == kind and ray.is_initialized():
         return
     _shutdown()
     # "local": a new instance, never another Ray that happens to run on this machine.
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=log_to_driver)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        log_to_driver=log_to_driver,
+        **(
+            {"include_dashboard": True, "_system_config": {"metrics_report_interval_ms": 1000}}
+            if metrics
+            else {}
+        ),
+    )
     _current["kind"] = kind
 
 

@@ -54,7 +54,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 13
+    assert len(PYTHON) == 14
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -70,6 +70,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         "torch.cuda.set_device(hvd.local_rank())",
         "set_memory_growth",
         "stall_timeout_s=4",
+        'create_settings(name="listed")',
     ):
         assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
@@ -99,6 +100,11 @@ def test_checkpoints_snippet(joined):
     # Its asserts: resumed.
     out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), SNIPPET_S, join_ray=True)
     assert out.splitlines()[-1] == "4 [3, 4]"
+
+
+def test_jobs_snippet_lists_the_running_job(joined):
+    out = run_fresh_python(_block('create_settings(name="listed")'), SNIPPET_S, join_ray=True)
+    assert "listed running 2 None" in out.splitlines()
 
 
 def test_quickstart_executor_snippet(joined):

@@ -40,6 +40,8 @@ PUBLIC = {
         "run",
         "CheckpointError",
         "Result",
+        "JobStatus",
+        "jobs",
     ],
     "horovod_ray.errors": [
         "CheckpointError",

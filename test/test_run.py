@@ -116,6 +116,11 @@ def test_a_failed_job_restarts_and_resumes_from_its_checkpoint(ray_4cpu, no_leak
     assert second == (attempt, start) and attempt == 1  # one restart, every rank in it
     assert start in (1, 2)  # from rank 0's last checkpoint, not from the beginning
     assert (tmp_path / "checkpoint").read_text() == "4"
+    # One job to horovod-ray status, named by its function, with its restart counted.
+    (job,) = [
+        job for job in horovod_ray.jobs(all=True) if job.name == "_resumes_from_its_checkpoint"
+    ]
+    assert (job.state, job.restarts, job.ranks_wanted) == ("stopped", 1, 2)
 
 
 def test_a_spent_restart_budget_lists_every_attempt(ray_4cpu, no_leaks):

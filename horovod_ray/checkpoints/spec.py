@@ -131,8 +131,8 @@ def create(
         ConfigError: A bad value, naming the parameter.
     """
     if storage_path is None:
+        # ``name`` alone names the job (its metrics, ``horovod-ray status``).
         for parameter, value in (
-            ("name", name),
             ("checkpoint_config", checkpoint_config),
             ("storage_filesystem", storage_filesystem),
         ):

@@ -20,6 +20,7 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from typing import Any
 
 from horovod_ray.checkpoints import metrics as metrics_
@@ -45,12 +46,20 @@ class Uploader:
             started from, which its ranks may still be reading).
         stale_below: The first number free when the job started: an unfinished folder
             below it is an earlier job's cut-off upload (see ``store.to_remove``).
+        watch: Told of each upload (``upload_done(seconds, size)``), of the queue
+            (``upload_queue(waiting)``) and of failures (``upload_failures(count)``): the
+            rank's metrics (``rank.metrics``); None tells no one.
     """
 
     def __init__(
-        self, storage: RunStorage, protected: int | None = None, stale_below: int = 1
+        self,
+        storage: RunStorage,
+        protected: int | None = None,
+        stale_below: int = 1,
+        watch: Any = None,
     ) -> None:
         self.storage = storage
+        self._watch = watch or _Unwatched()
         self._protected = protected
         self._stale_below = stale_below
         self._queue: queue.Queue = queue.Queue()
@@ -65,8 +74,11 @@ class Uploader:
         self._handled = 0  # the newest report the thread is done with (committed or not)
         self._progress = threading.Condition(self._lock)
         self._metrics: tuple[int, dict] | None = None  # a metrics-only report waiting
+        self._staged = 0  # checkpoints reported and not yet handled (a metric)
         self._unscored_logged = False
         sweep_stale((STAGING_PREFIX,))
+        self._watch.upload_failures(0)
+        self._watch.upload_queue(0)
         self._thread = threading.Thread(
             target=self._work, name="horovod_ray-checkpoint-upload", daemon=True
         )
@@ -96,6 +108,8 @@ class Uploader:
         with self._lock:
             self._sequence += 1
             sequence = self._sequence
+            self._staged += 1
+            self._watch.upload_queue(self._staged)
         self._queue.put((sequence, staging, metrics))
 
     def submit_metrics(self, metrics: dict) -> None:
@@ -188,14 +202,19 @@ class Uploader:
                 sequence, staging, metrics = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
+                        size, began = _folder_bytes(staging), time.perf_counter()
                         index = store.commit(
                             self.storage, staging, metrics, self._protected, self._stale_below
                         )
+                        self._watch.upload_done(time.perf_counter() - began, size)
                         logger.debug("checkpoint %d committed", index)
                         self._write_metrics(sequence, metrics)
                 finally:
                     shutil.rmtree(staging, ignore_errors=True)
                     self._slots.release()
+                    with self._lock:
+                        self._staged -= 1
+                        self._watch.upload_queue(self._staged)
                     self._handle(sequence)
             except CheckpointError as err:
                 self._fail(err)
@@ -210,6 +229,7 @@ class Uploader:
             self._progress.notify_all()
 
     def _fail(self, error: CheckpointError) -> None:
+        self._watch.upload_failures(1)
         with self._progress:
             self._error = error
             self._progress.notify_all()
@@ -220,18 +240,51 @@ class Uploader:
             self._written = sequence
 
 
+class _Unwatched:
+    """An uploader's watch that tells no one."""
+
+    def upload_done(self, seconds: float, size: int) -> None:
+        pass
+
+    def upload_queue(self, waiting: int) -> None:
+        pass
+
+    def upload_failures(self, failures: int) -> None:
+        pass
+
+
+def _folder_bytes(folder: str) -> int:
+    """The size of the files under ``folder`` (for the metrics: what it cannot read counts
+    0, never failing the upload)."""
+    size = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+    return size
+
+
 def sweep_stale(prefixes: tuple[str, ...], root: str | None = None) -> list[str]:
-    """Removes the folders under ``root`` (the temporary folder by default) that a process
-    which is gone left: each is named a prefix, the process id, ``-`` and a suffix (a
-    process killed with its job never runs the code that removes its own). Returns the
-    names removed."""
+    """Removes the folders and files under ``root`` (the temporary folder by default) that
+    a process which is gone left: each is named a prefix, the process id, ``-`` and a
+    suffix (a process killed with its job never runs the code that removes its own).
+    Returns the names removed."""
     root = tempfile.gettempdir() if root is None else root
     removed = []
     for name in os.listdir(root):
         prefix = next((p for p in prefixes if name.startswith(p)), None)
         pid = name[len(prefix) :].split("-", 1)[0] if prefix else ""
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            path = os.path.join(root, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.remove(path)
+                except OSError:
+                    continue
             removed.append(name)
     return removed
 

@@ -52,7 +52,8 @@ PIPE_LINGER_S = 1.0
 _FROM_ACTOR = MANAGED_ENV | {"CUDA_VISIBLE_DEVICES"}
 # Set in the child unless ``--env`` names it: the rank's interface wins over the caller's,
 # as horovodrun's command line prefix does.
-_FROM_ACTOR_UNLESS_GIVEN = frozenset({"NCCL_SOCKET_IFNAME"})
+# HOROVOD_TIMELINE: --timeline-filename's file on rank 0's node, which the job brings back.
+_FROM_ACTOR_UNLESS_GIVEN = frozenset({"NCCL_SOCKET_IFNAME", "HOROVOD_TIMELINE"})
 # The job's defaults: the caller's own values and the flags (--stall-check-*) win.
 _DEFAULTS_FROM_ACTOR = frozenset({STALL_WARNING_ENV, STALL_SHUTDOWN_ENV})
 # The caller's variables horovodrun does not pass on either.

@@ -115,8 +115,12 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
             verbose=2 if args.verbose else 1,
             stall_timeout_s=args.stall_timeout_seconds,
             storage_path=args.storage_path,
-            name=args.name,
+            # The job's name; with a storage path, also its folder (named above).
+            name=args.name or (None if args.storage_path else _job_name(args.command)),
             checkpoint_config=_checkpoint_config(args),
+            # A static job's rank 0 writes it on its node, and the job brings it here as
+            # it stops; an elastic job's ranks get HOROVOD_TIMELINE, as under horovodrun.
+            timeline=args.timeline_filename if elastic is None else None,
         )
         return RayExecutor(
             settings,
@@ -129,6 +133,13 @@ def _build_executor(args: argparse.Namespace) -> RayExecutor:
         )
     except ConfigError as err:
         raise _UsageError(translate.as_flag(err)) from err
+
+
+def _job_name(command: list[str]) -> str | None:
+    """The job's name without --name: its script's (``train.py``), else its program's."""
+    words = [word for word in command if word != "--"]
+    scripts = [os.path.basename(word) for word in words if word.endswith(".py")]
+    return scripts[0] if scripts else os.path.basename(words[0]) if words else None
 
 
 def _checkpoint_config(args: argparse.Namespace) -> object:
@@ -281,8 +292,10 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, 
     except ValueError as err:
         raise _UsageError(str(err)) from None
     command = _check_command(args.command, args.working_dir)
-    extra_env = {**tuning, **_parse_env(args.env)}
     executor = _build_executor(args)
+    if executor.settings.timeline is not None:
+        tuning.pop("HOROVOD_TIMELINE", None)  # rank 0's own file (see _build_executor)
+    extra_env = {**tuning, **_parse_env(args.env)}
     if args.nics:
         # As horovodrun: NCCL (GPU collectives) uses the same interfaces.
         extra_env.setdefault("NCCL_SOCKET_IFNAME", args.nics)
@@ -327,6 +340,10 @@ def _rank_failure(job: CommandJob, failed: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``horovod-ray`` console script."""
     args = build_parser().parse_args(argv)
+    if args.subcommand == "status":
+        from horovod_ray.cli.status import status_command
+
+        return status_command(args)
     return run_command(args)
 
 

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="horovod-ray", description="Horovod jobs on a Ray cluster.", allow_abbrev=False
     )
-    commands = parser.add_subparsers(dest="subcommand", metavar="run", required=True)
+    commands = parser.add_subparsers(dest="subcommand", metavar="{run,status}", required=True)
     run = commands.add_parser(
         "run",
         help="run a horovodrun-style command on Ray",
@@ -48,6 +48,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ray_flags(run)
     flags.add_horovod_flags(run)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS...]")
+    status = commands.add_parser(
+        "status",
+        help="list the horovod_ray jobs running on a Ray cluster",
+        description="Lists the horovod_ray jobs on the Ray cluster (from Ray's GCS): name, "
+        "id, state, ranks, restarts, the last report's step and age, and the slowest rank "
+        "(the one the others waited for longest).",
+    )
+    status.add_argument(
+        "--address",
+        default=None,
+        help="the cluster's address (default: RAY_ADDRESS, else the cluster on this machine)",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON list, for scripts")
+    status.add_argument(
+        "--all", action="store_true", help="also the jobs that ended (stopped, failed, lost)"
+    )
     return parser
 
 
@@ -89,7 +105,8 @@ def _add_checkpoint_flags(run: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--name",
         metavar="NAME",
-        help="the run's folder under --storage-path (default: one made from the time)",
+        help="the job's name in its metrics and `horovod-ray status`; with --storage-path also "
+        "its folder there (default: one made from the time)",
     )
     group.add_argument(
         "--num-to-keep",

@@ -81,6 +81,7 @@ FLAG_OF = {  # RayExecutor's parameters as the flags that set them
     "storage_path": "--storage-path",
     "name": "--name",
     "checkpoint_config": "--num-to-keep",
+    "timeline": "--timeline-filename",
 }
 
 

@@ -34,10 +34,18 @@ class ElasticJob:
         settings: Timeouts, interfaces, verbosity.
         layout: The elastic bounds and limits.
         worker: What one rank reserves (the executor's layout).
+        on_world: Called with (size, resets) each time a run's world forms or changes.
     """
 
-    def __init__(self, settings: Settings, layout: ElasticLayout, worker: WorkerLayout) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        layout: ElasticLayout,
+        worker: WorkerLayout,
+        on_world: Callable[[int, int], None] | None = None,
+    ) -> None:
         self._settings, self._layout, self._worker = settings, layout, worker
+        self._on_world = on_world
         self._extra_env: dict[str, str] = {}
         self._executable: bytes | None = None
         self._lock = threading.Lock()
@@ -86,7 +94,12 @@ class ElasticJob:
                     "run() is in progress"
                 )
             self._current = ElasticRun(
-                self._settings, self._layout, self._worker, self._extra_env, self._executable
+                self._settings,
+                self._layout,
+                self._worker,
+                self._extra_env,
+                self._executable,
+                self._on_world,
             )
 
     def call(

@@ -67,6 +67,7 @@ class ElasticRun:
         worker: What one rank reserves.
         extra_env: The ranks' extra environment (``start(extra_env_vars=...)``).
         executable: The pickled ``executable_cls`` and its arguments, or None.
+        on_world: Called with (size, resets) each time the world forms or changes.
     """
 
     def __init__(
@@ -76,8 +77,10 @@ class ElasticRun:
         worker: WorkerLayout,
         extra_env: Mapping[str, str],
         executable: bytes | None,
+        on_world: Callable[[int, int], None] | None = None,
     ) -> None:
         self._settings, self._layout, self._worker = settings, layout, worker
+        self._world_hook = on_world
         self._extra_env, self._executable = dict(extra_env), executable
         self._state = Lifecycle(RUN_TRANSITIONS, RunState.CREATED)
         self._lock = threading.Lock()
@@ -215,6 +218,8 @@ class ElasticRun:
             before = self._outcome.worlds[-1] if self._outcome.worlds else []
             self._outcome.worlds.append(world)
             resets = len(self._outcome.worlds) - 1
+        if self._world_hook is not None:
+            self._world_hook(len(world), resets)
         self._events.put((True, membership_change(before, world, resets)))
 
     def _conclude(self, result: dict[str, Any]) -> list[Any]:

@@ -84,14 +84,20 @@ class JobKind(Protocol):
     def placement_group(self) -> Any: ...
 
 
-def create(settings: Settings, layout: WorkerLayout, elastic: ElasticLayout | None) -> JobKind:
-    """The kind of job the executor's arguments ask for."""
+def create(
+    settings: Settings,
+    layout: WorkerLayout,
+    elastic: ElasticLayout | None,
+    on_world: Callable[[int, int], None] | None = None,
+) -> JobKind:
+    """The kind of job the executor's arguments ask for; an elastic one calls
+    ``on_world(size, resets)`` each time its world forms or changes."""
     if elastic is None:
         return StaticJob(settings, layout)
     # Only here: horovod's elastic driver is not loaded for static jobs.
     from horovod_ray.job.elastic import ElasticJob
 
-    return ElasticJob(settings, elastic, layout)
+    return ElasticJob(settings, elastic, layout, on_world)
 
 
 def start_inputs(

@@ -88,16 +88,19 @@ class Lifecycle:
     Args:
         transitions: State -> the states it may move to (the executor's by default).
         initial: The first state.
+        on_change: Called with each new state, in the moving thread, as it moves.
     """
 
     def __init__(
         self,
         transitions: Mapping[enum.Enum, frozenset] = TRANSITIONS,
         initial: enum.Enum = ExecutorState.CREATED,
+        on_change: Callable[[Any], None] | None = None,
     ) -> None:
         self._transitions = transitions
         self._state = initial
         self._changed = threading.Condition()
+        self._on_change = on_change
 
     @property
     def state(self) -> Any:
@@ -120,6 +123,8 @@ class Lifecycle:
             if to not in self._transitions[current]:
                 raise RuntimeError(f"no transition {current.value} -> {to.value}")
             self._state = to
+            if self._on_change is not None:
+                self._on_change(to)  # under the lock: the states are told in order
             self._changed.notify_all()
             return True
 

@@ -31,6 +31,7 @@ from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunSto
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
 from horovod_ray.rank import logs
+from horovod_ray.rank import metrics as rank_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ def report(
         checkpoint_upload_fn,
         validation,
     )
+    rank_metrics.reported(metrics)
     if _tune_session is not None:
         _tune_session.report(metrics, checkpoint=checkpoint)
         return
@@ -212,6 +214,7 @@ def _rank_uploader() -> Uploader | None:
             storage,
             protected=store.index_of(os.environ.get(CHECKPOINT_ENV)),
             stale_below=int(os.environ.get(FIRST_INDEX_ENV) or 1),
+            watch=rank_metrics,
         )
         # A process that is not an actor (a command line's python command) has no call
         # to end: its uploads finish as it exits.

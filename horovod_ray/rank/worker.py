@@ -22,7 +22,8 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import RankError
-from horovod_ray.rank import logs, priority, report
+from horovod_ray.rank import logs, priority, report, timeline
+from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
     NodeFacts,
@@ -83,6 +84,8 @@ class Worker:
             priority.apply(niceness)
         logs.open_channel(is_log_rank)
         report.in_actor()
+        timeline.choose()
+        rank_metrics.start(node=ray.util.get_node_ip_address())
         # Everything the process holds before user code (Ray, this package) lives as long
         # as the process: frozen, it is no longer walked by each full collection. Importing
         # TensorFlow runs about six of them, which then take a third less time (see
@@ -127,6 +130,7 @@ class Worker:
 
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)
+        rank_metrics.call_running(True)
         try:
             result = invoke(function, arguments, self._executable)
             report.flush()  # the call's checkpoints are persisted before it returns
@@ -137,6 +141,7 @@ class Worker:
             # From the frame below this one: what ran the function and the function's own.
             raise RankError.of(err, err.__traceback__.tb_next) from None
         finally:
+            rank_metrics.call_running(False)
             logs.end(call_id)
 
     def exit(self) -> None:
@@ -183,6 +188,12 @@ class Worker:
             The dicts queued so far, and whether the call has finished.
         """
         return logs.take(call_id, timeout_s)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def take_timeline(self) -> bytes | None:
+        """horovod's timeline as rank 0 wrote it so far (``settings.timeline``), for the
+        driver; a file of this package's own is removed once read. None: no file."""
+        return timeline.take()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def finish_uploads(self, timeout_s: float) -> bool:

@@ -236,7 +236,8 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
     require_positive("num_cpus_per_slot", num_cpus_per_slot)
     if not isinstance(use_gpu, bool):
         raise ConfigError("use_gpu", f"use_gpu must be True or False, got {use_gpu!r}")
-    settings = create_settings(timeout_s=timeout_s)
+    # Named by the function: each trial's job shows under it (metrics, horovod-ray status).
+    settings = create_settings(timeout_s=timeout_s, name=getattr(func, "__name__", None) or None)
     layout = WorkerLayout(
         num_hosts=num_hosts,
         num_workers_per_host=num_slots,

@@ -135,7 +135,6 @@ def _config(num_to_keep, attribute=None, order="max") -> types.SimpleNamespace:
 @pytest.mark.parametrize(
     "kwargs, parameter, text",
     [
-        ({"storage_path": None, "name": "a"}, "name", "give storage_path"),
         ({"storage_path": None, "checkpoint_config": _config(1)}, "checkpoint_config", "give"),
         ({"storage_path": 3}, "storage_path", "a folder or a URI"),
         ({"storage_path": "x", "name": "a/b"}, "name", "without '/'"),

@@ -122,10 +122,16 @@ def test_same_lines_as_horovodrun(tmp_path):
 
 # What may differ between the two launchers' ranks: the rendezvous server's address (ours
 # carries the job's secret), the node's name (horovodrun's -H name, here the Ray node id),
-# and ours alone: the one-round-trip rendezvous (docs/clusters.rst, "Large jobs") and the attempt
-# (--max-restarts).
+# and ours alone: the one-round-trip rendezvous (docs/clusters.rst, "Large jobs"), the attempt
+# (--max-restarts) and the job's name, id and metrics (docs/observability.rst).
 LAUNCHER_OWN = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME")
-OURS_ONLY = ("HOROVOD_GLOO_RENDEZVOUS_BATCH", "HOROVOD_RAY_ATTEMPT")
+OURS_ONLY = (
+    "HOROVOD_GLOO_RENDEZVOUS_BATCH",
+    "HOROVOD_RAY_ATTEMPT",
+    "HOROVOD_RAY_JOB_ID",
+    "HOROVOD_RAY_JOB_NAME",
+    "HOROVOD_RAY_METRICS",
+)
 PARITY = [
     ["-H", "localhost:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",
      "--cache-capacity", "512", "--hierarchical-allreduce", "--no-stall-check",
@@ -170,6 +176,12 @@ def test_each_rank_gets_the_environment_horovodrun_gives(address, tmp_path, flag
             assert ours[rank].pop(name) and theirs[rank].pop(name)
         for name in OURS_ONLY:
             ours[rank].pop(name)
+        if "--timeline-filename" in flags:
+            # Rank 0's file on its node, which the job brings to timeline.json as it stops.
+            assert theirs[rank].pop("HOROVOD_TIMELINE") == "timeline.json"
+            assert ours[rank].pop("HOROVOD_RAY_TIMELINE") == "1"
+            local = os.path.join(tempfile.gettempdir(), "horovod_ray-timeline-")
+            assert ours[rank].pop("HOROVOD_TIMELINE").startswith(local)
         if "--gloo-timeout-seconds" not in flags:
             # Our default (docs/cli.rst), where horovodrun sets nothing and Gloo waits 30 s.
             assert ours[rank].pop("HOROVOD_GLOO_TIMEOUT_SECONDS") == "120"

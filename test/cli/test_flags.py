@@ -213,7 +213,6 @@ def test_elastic_flags_that_do_not_fit_exit_2_naming_the_flag(flags, text, capsy
 @pytest.mark.parametrize(
     "flags, text",
     [
-        (["--name", "x"], "--name: name is given but storage_path is not"),
         (["--num-to-keep", "1"], "--num-to-keep: checkpoint_config is given but storage_path"),
         (["--storage-path", "/tmp/runs", "--name", "a/b"], "--name: name must be a folder name"),
         (["--storage-path", "/tmp/runs", "--num-to-keep", "0"], "--num-to-keep: checkpoint_"),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 
+import horovod_ray
 from horovod_ray import ElasticRayExecutor, RayExecutor
 from horovod_ray.elastic import RayHostDiscovery
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
@@ -140,6 +141,10 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
         assert "error" not in run.outcome, run.outcome.get("error")
     finally:
         executor.stop()
+    # Its record in the GCS (horovod-ray status) counted each new world after the first.
+    (job,) = [job for job in horovod_ray.jobs(all=True) if job.id == executor.job_id]
+    assert (job.kind, job.state, job.ranks_wanted, job.ranks_alive) == ("elastic", "stopped", 6, 0)
+    assert job.resets == len(run.changes()) - 1 >= 2
     results = run.outcome["results"]
     assert [r["rank"] for r in results] == list(range(6))
     assert {r["size"] for r in results} == {6}

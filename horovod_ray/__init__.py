@@ -29,6 +29,7 @@ from horovod_ray.errors import (
 from horovod_ray.failures.restarts import attempt
 from horovod_ray.job.lifecycle import ExecutorState
 from horovod_ray.observe.registry import JobStatus, jobs
+from horovod_ray.rank.context import TrainContext, get_context
 from horovod_ray.rank.logs import Callback, log
 from horovod_ray.rank.report import get_checkpoint, report
 from horovod_ray.run import run
@@ -57,10 +58,12 @@ __all__ = [
     "Result",
     "Settings",
     "StartCancelledError",
+    "TrainContext",
     "WorkerFailedError",
     "__version__",
     "attempt",
     "get_checkpoint",
+    "get_context",
     "jobs",
     "log",
     "report",

@@ -49,6 +49,7 @@ def run(
     report_values: bool = False,
     find_stragglers: bool = False,
     timeline: str | None = None,
+    local: bool = False,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -118,6 +119,10 @@ def run(
             cache then off, a cost: see ``Settings``).
         timeline: Write horovod's timeline (rank 0's Chrome trace) to this path on the
             driver when the job stops; with ``max_restarts``, the last attempt's.
+        local: Run ``train_fn`` in this process as a job of one rank, without Ray, for a
+            debugger (``pdb.set_trace()`` and breakpoints stop in it); ``report``,
+            ``log``, ``get_checkpoint`` and ``get_context`` work as on a rank. Only with
+            one rank (``num_hosts`` and ``num_slots`` 1 or unset) and no restarts.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -158,6 +163,15 @@ def run(
     )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
+    if local is not False:
+        _check_local(local, elastic, num_hosts, num_slots, max_restarts)
+        if not callable(train_fn):
+            raise ConfigError("train_fn", f"train_fn must be callable, got {train_fn!r}")
+        args, kwargs = calls.as_tuple("args", args), calls.as_kwargs("kwargs", kwargs)
+        env = check_env(env, "env")
+        from horovod_ray.rank.local import run_here
+
+        return run_here(train_fn, args, kwargs, settings, calls.check_callbacks(callbacks), env)
 
     def executor() -> RayExecutor:
         return RayExecutor(
@@ -206,6 +220,25 @@ _RUN_NAMES = {
     "num_workers_per_host": "num_slots",
     "cpus_per_worker": "cpus_per_slot",
 }
+
+
+def _check_local(
+    local: object, elastic: bool, num_hosts: object, num_slots: object, max_restarts: object
+) -> None:
+    """``local=True`` runs one rank here: anything that asks for more is refused."""
+    if local is not True:
+        raise ConfigError("local", f"local must be True or False, got {local!r}")
+    for name, value in (("num_hosts", num_hosts), ("num_slots", num_slots)):
+        if value not in (None, 1):
+            raise ConfigError(
+                name, f"local=True runs one rank in this process: leave {name} unset (or 1)"
+            )
+    if elastic:
+        raise ConfigError("min_workers", "local=True runs one rank: an elastic job needs Ray")
+    if max_restarts:
+        raise ConfigError(
+            "max_restarts", "local=True runs once, in this process: drop max_restarts"
+        )
 
 
 def _check_sizes(

@@ -42,6 +42,8 @@ PUBLIC = {
         "Result",
         "JobStatus",
         "jobs",
+        "TrainContext",
+        "get_context",
     ],
     "horovod_ray.errors": [
         "CheckpointError",

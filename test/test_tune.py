@@ -33,7 +33,10 @@ def report_ranks(config):
     """Three reports per rank; each rank says who it is, rank 0 also when it ran."""
     import torch
 
+    import horovod_ray
+
     hvd = _hvd()
+    context = horovod_ray.get_context()
     started = time.time()
     for step in range(3):
         total = float(hvd.allreduce(torch.tensor(float(hvd.rank() + 1)), op=hvd.Sum))
@@ -41,6 +44,9 @@ def report_ranks(config):
         tune.report(
             {
                 "reporting_rank": hvd.rank(),
+                "context": [context.get_world_rank(), context.get_world_size()],
+                "context_trial": context.get_trial_id() == tune.get_context().get_trial_id(),
+                "context_experiment": context.get_experiment_name(),
                 "size": hvd.size(),
                 "sum": total,
                 "step": step,
@@ -79,6 +85,10 @@ def test_rank_zero_metrics_and_two_trials_at_a_time_on_four_cpus(ray_4cpu, tmp_p
     assert list(frame["reporting_rank"]) == [0, 0, 0, 0]
     assert list(frame["training_iteration"]) == [3, 3, 3, 3]
     assert set(frame["size"]) == {2} and set(frame["sum"]) == {3.0}
+    # horovod_ray.get_context() on a trial's rank: the rank's numbers and the trial's facts.
+    assert [list(c) for c in frame["context"]] == [[0, 2]] * 4
+    assert set(frame["context_trial"]) == {True}
+    assert set(frame["context_experiment"]) == {"ranks"}
     # The trials' busy intervals: never three at once, and pairs did overlap.
     spans = list(zip(frame["started"], frame["ended"], strict=True))
     overlaps = [sum(start <= t < end for start, end in spans) for t, _ in spans]

@@ -35,6 +35,7 @@ PENDING = 2
 # A staging folder's name: this prefix, the process id, a random suffix.
 STAGING_PREFIX = "horovod_ray-upload-"
 _METRICS = object()  # a queue item: write the latest metrics-only report
+_CLOSE = object()  # a queue item: the thread ends
 
 
 class Uploader:
@@ -189,9 +190,18 @@ class Uploader:
         self._queue.join()
         return None if self._error_raised else self._error
 
+    def close(self) -> None:
+        """Ends the upload thread once what was queued is done (a local run's uploader,
+        whose process goes on)."""
+        self._queue.put(_CLOSE)
+        self._thread.join()
+
     def _work(self) -> None:
         while True:
             item = self._queue.get()
+            if item is _CLOSE:
+                self._queue.task_done()
+                return
             try:
                 if item is _METRICS:
                     with self._lock:

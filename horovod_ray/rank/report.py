@@ -198,6 +198,15 @@ def finish_submitted(timeout_s: float) -> bool:
     return _uploader is None or _uploader.finish_submitted(timeout_s)
 
 
+def close_uploader() -> None:
+    """Ends this process's upload thread (a local run's, once it was flushed): the next
+    job's storage may be another."""
+    global _uploader
+    if _uploader is not None:
+        _uploader.close()
+        _uploader = None
+
+
 def use_tune_session(session: Any) -> None:
     """Sends this process's reports to a Tune trial's session (None: stop doing so)."""
     global _tune_session

@@ -1,0 +1,98 @@
+"""``run(..., local=True)``: the training function in the caller's own process, as the
+one rank of a Horovod job, without Ray: a debugger (``pdb.set_trace()``, an IDE's
+breakpoints) stops in it as in any Python code.
+
+The process gets a rank's environment for the call (restored after it): ``hvd.init()``
+makes a job of one, ``report``/``log`` reach the callbacks and, with a storage path, the
+checkpoints persist as rank 0's do; ``get_checkpoint()`` and ``get_context()`` answer as
+on a rank. horovod is shut down when the call ends, so the next call starts afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+from horovod_ray.checkpoints import store
+from horovod_ray.observe.job import JobTelemetry
+from horovod_ray.rank import logs, report
+from horovod_ray.rank.timeline import TIMELINE_ENV
+
+# A job of one: what the executor gives each rank, for rank 0 of 1.
+_ONE = {
+    "HOROVOD_RANK": "0",
+    "HOROVOD_SIZE": "1",
+    "HOROVOD_LOCAL_RANK": "0",
+    "HOROVOD_LOCAL_SIZE": "1",
+    "HOROVOD_CROSS_RANK": "0",
+    "HOROVOD_CROSS_SIZE": "1",
+    "HOROVOD_CONTROLLER": "gloo",
+    "HOROVOD_CPU_OPERATIONS": "gloo",
+}
+
+
+class _Direct:
+    """A log channel that hands each item to the callbacks at once (no driver to poll)."""
+
+    def __init__(self, callbacks: Sequence[Callable[[dict], None]]) -> None:
+        self._callbacks = callbacks
+
+    def put(self, item: object, delivery: object = None) -> None:
+        for callback in self._callbacks:
+            callback(item)
+
+    def put_and_wait_delivered(self, item: object) -> None:
+        self.put(item)
+
+
+def run_here(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    settings: Any,
+    callbacks: Sequence[Callable[[dict], None]],
+    env: Mapping[str, str],
+) -> list[Any]:
+    """``fn(*args, **kwargs)`` here as rank 0 of 1; its result in a list, as ``run()``'s.
+    ``settings`` are run()'s ``Settings`` (the storage, the timeline, the job's name).
+
+    Raises:
+        CheckpointError: The storage could not be read, or an upload failed.
+        Whatever ``fn`` raises, as it raised it.
+    """
+    telemetry = JobTelemetry.of(settings, False, getattr(fn, "__name__", None))
+    rank_env = {**_ONE, **{k: v for k, v in telemetry.rank_env().items() if "METRICS" not in k}}
+    if settings.storage is not None:
+        rank_env.update(store.job_env(settings.storage))
+    if settings.timeline is not None:
+        rank_env["HOROVOD_TIMELINE"] = settings.timeline
+    rank_env = {**rank_env, **env}
+    rank_env.pop(TIMELINE_ENV, None)
+    saved = {key: os.environ.get(key) for key in rank_env}
+    saved_channel = logs._channel
+    os.environ.update(rank_env)
+    logs._channel = _Direct(callbacks)
+    try:
+        result = fn(*args, **kwargs)
+        report.flush()  # its checkpoints are persisted before run() returns
+        return [result]
+    finally:
+        _shutdown_horovod()
+        report.close_uploader()
+        logs._channel = saved_channel
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if settings.storage is not None:
+            store.prune(settings.storage)
+
+
+def _shutdown_horovod() -> None:
+    """Ends horovod where the function started it (its timeline is then complete)."""
+    for name in ("horovod.torch", "horovod.tensorflow"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "is_initialized", lambda: False)():
+            module.shutdown()

@@ -1,0 +1,103 @@
+"""``run(..., local=True)``: the function in the caller's process as a job of one rank,
+without Ray: a scripted debugger session stops in it, and report, get_checkpoint,
+get_context and the callbacks work as on a rank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import horovod_ray
+from horovod_ray import ConfigError
+
+DEBUGGED = """
+import horovod_ray
+
+def train(x):
+    import pdb
+    import horovod.torch as hvd
+
+    hvd.init()
+    secret = x * 7
+    pdb.set_trace()
+    return secret + hvd.size()
+
+print("result", horovod_ray.run(train, args=[6], local=True))
+"""
+
+
+def test_a_local_run_stops_at_a_breakpoint():
+    session = subprocess.run(
+        [sys.executable, "-c", DEBUGGED],
+        input="p secret\np horovod_ray.get_context().get_world_size()\nc\n",
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert session.returncode == 0, session.stderr[-3000:]
+    out = session.stdout
+    assert "(Pdb) 42\n(Pdb) 1\n(Pdb) " in out, out[-3000:]
+    assert out.rstrip().endswith("result [43]")
+
+
+RESUMED = """
+import tempfile
+import threading
+from pathlib import Path
+
+from ray.train import Checkpoint
+
+import horovod_ray
+
+def train(steps):
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    context = horovod_ray.get_context()
+    start = 0
+    if (checkpoint := horovod_ray.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(Path(folder, "step").read_text())
+    for step in range(start + 1, start + steps + 1):
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step").write_text(str(step))
+            horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+    total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum))
+    return start, total, context.get_world_rank(), context.get_experiment_name()
+
+storage, heard = tempfile.mkdtemp(), []
+first = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here",
+                        callbacks=[heard.append])
+second = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here")
+import ray
+
+print(first, second, heard, ray.is_initialized(), threading.active_count())
+"""
+
+
+def test_a_local_run_reports_persists_and_resumes_without_ray():
+    out = subprocess.run(
+        [sys.executable, "-c", RESUMED], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == (
+        "[(0, 1.0, 0, 'here')] [(2, 1.0, 0, 'here')] [{'step': 1}, {'step': 2}] False 1"
+    )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"num_slots": 2}, "num_slots"),
+        ({"num_hosts": 2}, "num_hosts"),
+        ({"min_workers": 1}, "min_workers"),
+        ({"max_restarts": 1}, "max_restarts"),
+        ({"local": "yes"}, "local"),
+    ],
+)
+def test_a_local_run_refuses_more_than_one_rank(kwargs, parameter):
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.run(len, args=[[]], **{"local": True, **kwargs})
+    assert raised.value.parameter == parameter

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import functools
 import itertools
 import json
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray
 
 from test.conftest import (
     DOC_FILES,
@@ -54,7 +56,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 14
+    assert len(PYTHON) == 16
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -71,6 +73,8 @@ def test_the_docs_have_the_snippets_this_test_runs():
         "set_memory_growth",
         "stall_timeout_s=4",
         'create_settings(name="listed")',
+        "scaling_config=ScalingConfig(num_workers=2)",
+        'print("horovod_ray", result.metrics',
     ):
         assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
@@ -100,6 +104,23 @@ def test_checkpoints_snippet(joined):
     # Its asserts: resumed.
     out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), SNIPPET_S, join_ray=True)
     assert out.splitlines()[-1] == "4 [3, 4]"
+
+
+def test_the_ray_train_page_runs_both_twins(joined):
+    """A TorchTrainer script (Ray Train v2 as installed) and its horovod_ray twin end
+    alike: three epochs on two workers. Ray Train v2 leaves a detached actor of Ray
+    Data's in the Ray it ran in (its autoscaling coordinator): removed here, as the later
+    tests' leak checks (and their autoscaler) expect the Ray as it was."""
+    try:
+        trainer = run_fresh_python(
+            _block("scaling_config=ScalingConfig(num_workers=2)"), SNIPPET_S, join_ray=True
+        )
+    finally:
+        with contextlib.suppress(ValueError):  # none was started
+            ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))
+    assert "TorchTrainer 3 2" in trainer.splitlines()
+    twin = run_fresh_python(_block('print("horovod_ray", result.metrics'), SNIPPET_S, join_ray=True)
+    assert twin.splitlines()[-1] == "horovod_ray 3 2"
 
 
 def test_jobs_snippet_lists_the_running_job(joined):

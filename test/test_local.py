@@ -72,7 +72,21 @@ first = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name=
 second = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here")
 import ray
 
-print(first, second, heard, ray.is_initialized(), threading.active_count())
+import os
+
+def broken():
+    raise ValueError("a bug")
+
+try:
+    horovod_ray.run(broken, local=True, storage_path=storage, name="here")
+except ValueError:
+    pass
+try:
+    horovod_ray.get_context()
+except horovod_ray.HorovodRayError:
+    outside = "no context"
+left = sorted(key for key in os.environ if key.startswith("HOROVOD_"))
+print(first, second, heard, ray.is_initialized(), threading.active_count(), outside, left)
 """
 
 
@@ -81,8 +95,11 @@ def test_a_local_run_reports_persists_and_resumes_without_ray():
         [sys.executable, "-c", RESUMED], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    # No Ray, no thread, no context and none of the rank's variables left after each run
+    # (the last one raised).
     assert out.stdout.splitlines()[-1] == (
-        "[(0, 1.0, 0, 'here')] [(2, 1.0, 0, 'here')] [{'step': 1}, {'step': 2}] False 1"
+        "[(0, 1.0, 0, 'here')] [(2, 1.0, 0, 'here')] [{'step': 1}, {'step': 2}] False 1 "
+        "no context []"
     )
 
 

@@ -236,6 +236,7 @@ def commit(
     metrics: dict,
     protected: int | None = None,
     stale_below: int = 1,
+    upload_fn: Any = None,
 ) -> int:
     """Uploads ``local_dir`` as the run's next checkpoint, then writes its marker, then
     removes what the run no longer keeps (see :func:`to_remove`).
@@ -251,6 +252,8 @@ def commit(
         metrics: The metrics reported with it.
         protected: A number the keep policy must not remove (the job's start).
         stale_below: The job's first number (see :func:`to_remove`).
+        upload_fn: ``report(checkpoint_upload_fn=...)``: called with the staged
+            checkpoint and its destination folder instead of pyarrow's copy.
 
     Returns:
         The checkpoint's number.
@@ -269,18 +272,41 @@ def commit(
     # after the files, where they would leave a folder without its marker.
     marker = encoded({"index": index, "metrics": metrics, "time": time.time()})
     try:
-        fs.create_dir(destination, recursive=True)
-        pyarrow.fs.copy_files(
-            local_dir,
-            destination,
-            source_filesystem=pyarrow.fs.LocalFileSystem(),
-            destination_filesystem=fs,
-        )
+        if upload_fn is None:
+            fs.create_dir(destination, recursive=True)
+            pyarrow.fs.copy_files(
+                local_dir,
+                destination,
+                source_filesystem=pyarrow.fs.LocalFileSystem(),
+                destination_filesystem=fs,
+            )
+        else:
+            _upload_with(upload_fn, local_dir, destination)
         _write_json(storage, f"{folder_name(index)}.json", marker)
     except storage_errors() as err:
         raise _failed("upload checkpoint to", destination, err) from err
     _remove_unkept(storage, stale_below, protected)
     return index
+
+
+def _upload_with(upload_fn: Any, local_dir: str, destination: str) -> None:
+    """The user's upload of ``local_dir`` to ``destination``, whose result must be there.
+
+    Raises:
+        CheckpointError: It raised, or returned a checkpoint elsewhere.
+    """
+    from ray.train import Checkpoint
+
+    try:
+        uploaded = upload_fn(Checkpoint.from_directory(local_dir), destination)
+    except Exception as err:
+        raise CheckpointError(f"checkpoint_upload_fn raised: {type(err).__name__}: {err}") from err
+    path = getattr(uploaded, "path", None)
+    if path is None or path.rstrip("/") != destination.rstrip("/"):
+        raise CheckpointError(
+            f"checkpoint_upload_fn must upload to the destination it is given and return "
+            f"it (Checkpoint({destination!r}, filesystem=...)), got {uploaded!r}"
+        )
 
 
 def prune(storage: RunStorage) -> None:

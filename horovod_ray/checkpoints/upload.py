@@ -85,8 +85,12 @@ class Uploader:
         )
         self._thread.start()
 
-    def submit(self, metrics: dict, checkpoint: Any) -> None:
-        """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload.
+    def submit(
+        self, metrics: dict, checkpoint: Any, upload_fn: Any = None, delete_after: bool = False
+    ) -> None:
+        """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload (by
+        ``upload_fn(checkpoint, destination)`` when given: see ``report``); with
+        ``delete_after``, its own folder is removed once the checkpoint is committed.
 
         Raises:
             ConfigError: ``metrics`` cannot be stored.
@@ -111,7 +115,8 @@ class Uploader:
             sequence = self._sequence
             self._staged += 1
             self._watch.upload_queue(self._staged)
-        self._queue.put((sequence, staging, metrics))
+        source = checkpoint.path if delete_after else None
+        self._queue.put((sequence, staging, metrics, upload_fn, source))
 
     def submit_metrics(self, metrics: dict) -> None:
         """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one.
@@ -155,7 +160,7 @@ class Uploader:
         self._queue.join()
         self.raise_failure()
 
-    def finish_submitted(self, timeout_s: float) -> bool:
+    def finish_submitted(self, timeout_s: float | None) -> bool:
         """Waits up to ``timeout_s`` for the reports made so far, not for those made while
         it waits (training goes on meanwhile, and may report faster than they upload).
 
@@ -171,7 +176,7 @@ class Uploader:
         with self._lock:
             return self._sequence
 
-    def wait_handled(self, sequence: int, timeout_s: float) -> bool:
+    def wait_handled(self, sequence: int, timeout_s: float | None) -> bool:
         """Waits up to ``timeout_s`` until the thread is done with report ``sequence`` and
         those before it; whether it is (or an upload failed: nothing is committed after)."""
         with self._progress:
@@ -209,14 +214,21 @@ class Uploader:
                     self._write_metrics(sequence, metrics)
                     self._handle(sequence)
                     continue
-                sequence, staging, metrics = item
+                sequence, staging, metrics, upload_fn, source = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
                         size, began = _folder_bytes(staging), time.perf_counter()
                         index = store.commit(
-                            self.storage, staging, metrics, self._protected, self._stale_below
+                            self.storage,
+                            staging,
+                            metrics,
+                            self._protected,
+                            self._stale_below,
+                            upload_fn,
                         )
                         self._watch.upload_done(time.perf_counter() - began, size)
+                        if source is not None:  # report(delete_local_...=True): committed
+                            shutil.rmtree(source, ignore_errors=True)
                         logger.debug("checkpoint %d committed", index)
                         self._write_metrics(sequence, metrics)
                 finally:

@@ -61,7 +61,6 @@ class JobTelemetry:
         self._published_failed = False
         # The record's writes, in order, by one thread (see _update).
         self._queue: queue.Queue = queue.Queue()
-        self._written = threading.Condition()
         self._writer: threading.Thread | None = None
         self._record: dict[str, Any] = {
             "id": self.id,
@@ -102,7 +101,8 @@ class JobTelemetry:
     def state(self, state: str) -> None:
         """The job moved to ``state`` (one of :data:`STATES`); called as it moves, under
         the executor's lifecycle lock, so it only records and queues (see
-        :meth:`_update`). A final state waits up to ``FLUSH_S`` for the GCS to have it."""
+        :meth:`_update`); running and the final states wait up to ``FLUSH_S`` for the GCS
+        to have them."""
         if self._recorder is not None:
             for each in STATES:
                 self._recorder.set("horovod_ray_job_state", float(each == state), state=each)
@@ -110,7 +110,8 @@ class JobTelemetry:
         if state in ("stopped", "failed"):
             changes["ranks_alive"] = 0
             self._ranks_alive(0)
-        self._update(changes, flush=state in ("stopped", "failed"))
+        # Once start() or stop() returns, horovod-ray status says so.
+        self._update(changes, flush=state in ("running", "stopped", "failed"))
 
     def ranks(self, wanted: int, alive: int) -> None:
         """How many ranks the job asks for and runs now (as it starts)."""
@@ -164,10 +165,14 @@ class JobTelemetry:
                         target=self._write, name="horovod_ray-job-record", daemon=True
                     )
                     self._writer.start()
+                writer = self._writer
                 self._queue.put(dict(self._record))
             if flush:
-                with self._written:
-                    self._written.wait_for(lambda: self._queue.unfinished_tasks == 0, FLUSH_S)
+                deadline = time.monotonic() + FLUSH_S
+                while self._queue.unfinished_tasks and time.monotonic() < deadline:
+                    time.sleep(0.002)
+                if changes.get("state") in ("stopped", "failed"):
+                    writer.join(max(0.0, deadline - time.monotonic()))  # it ends after it
         except Exception:  # noqa: BLE001 - the record never stops a job
             self._failed_once("queued")
 
@@ -181,9 +186,7 @@ class JobTelemetry:
             except Exception:  # noqa: BLE001 - the record never stops a job
                 self._failed_once("written to Ray's GCS")
             finally:
-                with self._written:
-                    self._queue.task_done()
-                    self._written.notify_all()
+                self._queue.task_done()
             if record["state"] in ("stopped", "failed"):
                 with self._lock:
                     if self._queue.empty():

@@ -49,7 +49,9 @@ class TrainContext:
         return _number("local_size")
 
     def get_node_rank(self) -> int:
-        """The number of this rank's node among the job's nodes (horovod's cross rank)."""
+        """horovod's cross rank: the number of this rank's node among the job's nodes
+        where every node holds as many ranks (``num_hosts`` x ``num_slots``); with
+        uneven nodes, this rank's number among the ranks of its local rank."""
         return _number("cross_rank")
 
     def get_experiment_name(self) -> str:

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Callable, Mapping, Sequence
 
 from horovod_ray.checkpoints import store
+from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import logs, report
 from horovod_ray.rank.timeline import TIMELINE_ENV
@@ -30,6 +31,24 @@ _ONE = {
     "HOROVOD_CONTROLLER": "gloo",
     "HOROVOD_CPU_OPERATIONS": "gloo",
 }
+
+
+# An enclosing job's variables, which must not leak into a job of one (run(local=True)
+# inside a rank): its rendezvous, its storage, what its ranks record.
+_OUTER = (
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+    "HOROVOD_GLOO_RENDEZVOUS_BATCH",
+    "HOROVOD_GLOO_IFACE",
+    "HOROVOD_HOSTNAME",
+    "HOROVOD_ELASTIC",
+    "HOROVOD_RAY_ATTEMPT",
+    "HOROVOD_RAY_METRICS",
+    TIMELINE_ENV,
+    STORAGE_ENV,
+    CHECKPOINT_ENV,
+    FIRST_INDEX_ENV,
+)
 
 
 class _Direct:
@@ -69,8 +88,11 @@ def run_here(
         rank_env["HOROVOD_TIMELINE"] = settings.timeline
     rank_env = {**rank_env, **env}
     rank_env.pop(TIMELINE_ENV, None)
-    saved = {key: os.environ.get(key) for key in rank_env}
+    saved = {key: os.environ.get(key) for key in {*rank_env, *_OUTER}}
     saved_channel = logs._channel
+    running_before = _horovods_running()
+    for key in _OUTER:
+        os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
     logs._channel = _Direct(callbacks)
     try:
@@ -78,21 +100,33 @@ def run_here(
         report.flush()  # its checkpoints are persisted before run() returns
         return [result]
     finally:
-        _shutdown_horovod()
-        report.close_uploader()
-        logs._channel = saved_channel
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        if settings.storage is not None:
-            store.prune(settings.storage)
+        try:
+            logs._channel = saved_channel
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        finally:
+            try:
+                _shutdown_horovod(running_before)
+                report.close_uploader()
+            finally:
+                if settings.storage is not None:
+                    store.prune(settings.storage)
 
 
-def _shutdown_horovod() -> None:
-    """Ends horovod where the function started it (its timeline is then complete)."""
-    for name in ("horovod.torch", "horovod.tensorflow"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "is_initialized", lambda: False)():
-            module.shutdown()
+def _horovods_running() -> set[str]:
+    """The horovod frameworks already initialised in this process."""
+    return {
+        name
+        for name in ("horovod.torch", "horovod.tensorflow")
+        if name in sys.modules and getattr(sys.modules[name], "is_initialized", lambda: False)()
+    }
+
+
+def _shutdown_horovod(running_before: set[str]) -> None:
+    """Ends horovod where the function started it (its timeline is then complete); one
+    the caller had started before stays."""
+    for name in _horovods_running() - running_before:
+        sys.modules[name].shutdown()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import sys
 from typing import Any, Mapping
 
@@ -69,10 +70,21 @@ def report(
         checkpoint_upload_mode: None (the default) returns once the checkpoint is copied
             locally and uploads it beside training; ``CheckpointUploadMode.SYNC`` returns
             once it is committed; ``ASYNC`` is the default's behaviour; ``NO_UPLOAD`` is
-            refused.
-        delete_local_checkpoint_after_upload: None or False: the checkpoint's own folder
-            is never deleted (it is copied before ``report`` returns). True is refused.
-        checkpoint_upload_fn: Refused: the upload is this package's (pyarrow's copy).
+            refused (a checkpoint already in storage would keep its own name).
+        delete_local_checkpoint_after_upload: The checkpoint's folder (on this node) is
+            deleted once it is committed: on rank 0 by the upload thread (with ``SYNC``,
+            before ``report`` returns), on another rank, whose checkpoint is dropped, at
+            once. None: Ray's default for the mode, True for ``ASYNC``, else False. A
+            folder in the run's storage (a checkpoint read back) is refused.
+        checkpoint_upload_fn: ``fn(checkpoint, destination)`` uploads the checkpoint
+            itself (on rank 0's upload thread, from its copy), to ``destination``, the
+            full path of the checkpoint's numbered folder on the storage's filesystem
+            (not yet there; Ray passes a folder name instead), and returns it as a
+            ``Checkpoint``; the commit marker is written after it. Its returned
+            checkpoint must be at ``destination``.
+        Under Tune, the checkpoint goes to Tune's own report: ``checkpoint_upload_mode``,
+        ``delete_local_checkpoint_after_upload`` and ``checkpoint_upload_fn`` are
+        refused there.
         validation: Refused when true: Ray Train's validation tasks are not supported.
 
     Raises:
@@ -87,7 +99,7 @@ def report(
             f"checkpoint must be a ray.train.Checkpoint (Checkpoint.from_directory(folder)), "
             f"got {type(checkpoint).__name__}",
         )
-    sync = _upload_options(
+    sync, delete_local = _upload_options(
         checkpoint_dir_name,
         checkpoint_upload_mode,
         delete_local_checkpoint_after_upload,
@@ -96,9 +108,13 @@ def report(
     )
     rank_metrics.reported(metrics)
     if _tune_session is not None:
+        _refuse_under_tune(checkpoint_upload_mode, delete_local_checkpoint_after_upload,
+                           checkpoint_upload_fn)  # fmt: skip
         _tune_session.report(metrics, checkpoint=checkpoint)
         return
     if logs._rank_now() != 0:
+        if delete_local and checkpoint is not None:
+            _delete_local(checkpoint)  # dropped here: gone, as Ray's workers' are
         return
     uploader = _rank_uploader()
     if uploader is not None:
@@ -111,15 +127,21 @@ def report(
     if checkpoint is None:
         uploader.submit_metrics(metrics)
     else:
-        uploader.submit(metrics, checkpoint)
+        if delete_local:
+            _outside_the_run(checkpoint, uploader.storage)
+        # The upload thread deletes the folder once the checkpoint is committed.
+        uploader.submit(
+            metrics, checkpoint, checkpoint_upload_fn, delete_local and _on_this_node(checkpoint)
+        )
         if sync:
             uploader.flush()
 
 
 def _upload_options(
     dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any, validation: Any
-) -> bool:
-    """Checks ``ray.train.report``'s upload parameters; whether the upload is synchronous.
+) -> tuple[bool, bool]:
+    """Checks ``ray.train.report``'s upload parameters; whether the upload is synchronous,
+    and whether the checkpoint's folder goes once copied.
 
     Raises:
         ConfigError: A parameter this package does not honour, named, with what to do.
@@ -130,33 +152,143 @@ def _upload_options(
             dir_name is not None,
             "checkpoints are named by their number (checkpoint_000003); leave it out",
         ),
-        (
-            "delete_local_checkpoint_after_upload",
-            delete_local not in (None, False),
-            "report() copies the checkpoint before it returns and never deletes your folder: "
-            "delete it yourself once report() returns",
-        ),
-        (
-            "checkpoint_upload_fn",
-            upload_fn is not None,
-            "the upload is pyarrow's copy to "
-            "storage_path; give storage_filesystem for a filesystem of your own",
-        ),
         ("validation", bool(validation), "Ray Train's validation tasks are not supported"),
     )
     for name, given, remedy in refused:
         if given:
             raise ConfigError(name, f"report() does not support {name}: {remedy}")
-    if mode is None:
-        return False
-    value = getattr(mode, "value", mode)
-    if value not in ("SYNC", "ASYNC"):
+    if upload_fn is not None and not callable(upload_fn):
+        raise ConfigError(
+            "checkpoint_upload_fn",
+            f"checkpoint_upload_fn must be a function (checkpoint, destination) -> Checkpoint, "
+            f"got {upload_fn!r}",
+        )
+    if delete_local not in (None, True, False):
+        raise ConfigError(
+            "delete_local_checkpoint_after_upload",
+            f"delete_local_checkpoint_after_upload must be True, False or None, got "
+            f"{delete_local!r}",
+        )
+    value = None if mode is None else getattr(mode, "value", mode)
+    if value not in (None, "SYNC", "ASYNC"):
         raise ConfigError(
             "checkpoint_upload_mode",
             f"checkpoint_upload_mode must be CheckpointUploadMode.SYNC or ASYNC, got {mode!r} "
             f"(NO_UPLOAD is not supported: leave the checkpoint out instead)",
         )
-    return value == "SYNC"
+    if delete_local is None:
+        delete_local = value == "ASYNC"  # Ray's default for each mode
+    return value == "SYNC", delete_local
+
+
+def _on_this_node(checkpoint: Any) -> bool:
+    import pyarrow.fs
+
+    return isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem)
+
+
+def _delete_local(checkpoint: Any) -> None:
+    """Removes a checkpoint's folder on this node (one on another filesystem is left)."""
+    if _on_this_node(checkpoint):
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def _outside_the_run(checkpoint: Any, storage: RunStorage) -> None:
+    """Refuses to delete a folder in the run's storage (a checkpoint read back and
+    reported again), or one that holds it, as Ray refuses.
+
+    Raises:
+        ConfigError: Naming delete_local_checkpoint_after_upload.
+    """
+    import pyarrow.fs
+
+    if not _on_this_node(checkpoint):
+        return
+    if not isinstance(storage.filesystem, pyarrow.fs.LocalFileSystem):
+        return
+    folder = os.path.realpath(checkpoint.path)
+    run = os.path.realpath(storage.run_path)
+    if os.path.commonpath([folder, run]) in (folder, run):
+        raise ConfigError(
+            "delete_local_checkpoint_after_upload",
+            f"the checkpoint's folder {checkpoint.path} is in the run's storage ({run}) or "
+            f"holds it: report a copy, or leave delete_local_checkpoint_after_upload False",
+        )
+
+
+def _refuse_under_tune(mode: Any, delete_local: Any, upload_fn: Any) -> None:
+    """Under Tune the trial's checkpoint goes through Tune's own report.
+
+    Raises:
+        ConfigError: Naming an upload option Tune's report does not take.
+    """
+    for name, given in (
+        ("checkpoint_upload_mode", mode is not None),
+        ("delete_local_checkpoint_after_upload", delete_local is not None),
+        ("checkpoint_upload_fn", upload_fn is not None),
+    ):
+        if given:
+            raise ConfigError(
+                name,
+                f"in a Tune trial report() hands the checkpoint to Tune, which persists it "
+                f"in the trial's storage: leave {name} out",
+            )
+
+
+def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float | None = None):
+    """The checkpoints this run has committed so far, oldest first, each with its
+    metrics (as ``ray.train.get_all_reported_checkpoints``). On rank 0, first waits for
+    the uploads of its reports so far (up to ``timeout_s``; None: as long as they take);
+    another rank reads what is committed now.
+
+    Args:
+        consistency_mode: Ray's ``CheckpointConsistencyMode``: COMMITTED and VALIDATED
+            (the default) both wait for the commit (no validation runs here).
+        timeout_s: The longest wait for rank 0's uploads.
+
+    Returns:
+        ``ray.train``'s ``ReportedCheckpoint`` records (``checkpoint``, ``metrics``,
+        ``status`` COMMITTED); [] without a storage path. The keep policy may have
+        removed older ones.
+
+    Raises:
+        CheckpointError: An upload failed, or the storage cannot be read.
+        HorovodRayError: Under Tune (ask Tune for the trial's checkpoints).
+    """
+    from horovod_ray.errors import HorovodRayError
+
+    mode = getattr(consistency_mode, "value", consistency_mode)
+    if mode not in (None, "COMMITTED", "VALIDATED"):
+        raise ConfigError(
+            "consistency_mode",
+            f"consistency_mode must be CheckpointConsistencyMode.COMMITTED or VALIDATED, got "
+            f"{consistency_mode!r}",
+        )
+    if _tune_session is not None:
+        raise HorovodRayError(
+            "get_all_reported_checkpoints() is not available in a Tune trial: Tune keeps "
+            "the trial's checkpoints (tune.Tuner's results)"
+        )
+    storage = RunStorage.from_env()
+    if storage is None:
+        return []
+    if _uploader is not None:
+        _uploader.finish_submitted(timeout_s)  # None: as long as they take
+        _uploader.raise_failure()
+    from ray.train.v2.api.reported_checkpoint import (
+        ReportedCheckpoint,
+        ReportedCheckpointStatus,
+    )
+
+    return [
+        ReportedCheckpoint(
+            store.as_checkpoint(storage, entry.index),
+            entry.metrics,
+            ReportedCheckpointStatus.COMMITTED,
+        )
+        for entry in store.list_entries(storage)
+        if entry.committed
+    ]
 
 
 def get_checkpoint() -> Any:

@@ -413,10 +413,10 @@ def test_a_checkpoint_without_the_score_attribute_is_logged_once_and_never_beats
     "kwargs, parameter",
     [
         ({"checkpoint_dir_name": "epoch_3"}, "checkpoint_dir_name"),
-        ({"delete_local_checkpoint_after_upload": True}, "delete_local_checkpoint_after_upload"),
-        ({"checkpoint_upload_fn": lambda c, d: c}, "checkpoint_upload_fn"),
         ({"validation": True}, "validation"),
         ({"checkpoint_upload_mode": "NO_UPLOAD"}, "checkpoint_upload_mode"),
+        ({"checkpoint_upload_fn": "s3"}, "checkpoint_upload_fn"),
+        ({"delete_local_checkpoint_after_upload": "yes"}, "delete_local_checkpoint_after_upload"),
     ],
 )
 def test_report_refuses_ray_trains_parameters_it_does_not_honour(tmp_path, kwargs, parameter):

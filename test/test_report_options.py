@@ -1,0 +1,137 @@
+"""``report()``'s options with Ray Train's meaning, and ``get_all_reported_checkpoints()``,
+on a real 2-rank job with a storage path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import horovod_ray
+from horovod_ray import ConfigError, WorkerFailedError
+
+
+def _options(storage_path: str) -> dict:
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.v2.api.report_config import CheckpointUploadMode
+
+    import horovod_ray
+
+    hvd.init()
+    seen: dict = {}
+
+    def upload(checkpoint, destination):
+        seen["upload_fn_from"] = sorted(os.listdir(checkpoint.path))
+        shutil.copytree(checkpoint.path, destination)  # as Ray's users write it
+        Path(destination, "uploaded_by").write_text("upload_fn")
+        return Checkpoint(destination)
+
+    steps = {
+        1: {"checkpoint_upload_mode": CheckpointUploadMode.ASYNC},  # Ray's default: deleted
+        2: {"checkpoint_upload_mode": CheckpointUploadMode.SYNC},  # kept
+        3: {"delete_local_checkpoint_after_upload": True},
+        4: {"checkpoint_upload_fn": upload, "checkpoint_upload_mode": CheckpointUploadMode.SYNC},
+        5: {"checkpoint_upload_mode": CheckpointUploadMode.ASYNC},  # still uploading below
+    }
+    folders = {}
+    for step, options in steps.items():
+        folders[step] = tempfile.mkdtemp()
+        Path(folders[step], "step").write_text(str(step))
+        checkpoint = Checkpoint.from_directory(folders[step])
+        horovod_ray.report({"step": step}, checkpoint=checkpoint, **options)
+    # Rank 0 waits here for its uploads so far; the others wait for rank 0.
+    reported = horovod_ray.get_all_reported_checkpoints() if hvd.rank() == 0 else None
+    hvd.allreduce(torch.tensor(0.0), name="reported")
+    reported = reported or horovod_ray.get_all_reported_checkpoints()
+    seen["kept"] = [os.path.isdir(folders[step]) for step in steps]
+    seen["reported"] = [
+        (r.metrics["step"], Path(r.checkpoint.path, "step").read_text(), r.status.value)
+        for r in reported
+    ]
+    seen["uploaded_by"] = Path(reported[3].checkpoint.path, "uploaded_by").read_text()
+    return seen
+
+
+def test_reports_options_have_ray_trains_meaning(ray_4cpu, tmp_path):
+    rank0, rank1 = horovod_ray.run(
+        _options, args=[str(tmp_path)], num_slots=2, storage_path=str(tmp_path), name="opts"
+    )
+    # Deleted once committed: ASYNC (Ray's default for it) and True; kept with SYNC.
+    assert rank0["kept"] == [False, True, False, True, False]
+    assert rank0["upload_fn_from"] == ["step"]
+    assert rank0["reported"] == [(s, str(s), "COMMITTED") for s in (1, 2, 3, 4, 5)]
+    assert rank0["uploaded_by"] == "upload_fn"
+    assert rank1["reported"] == rank0["reported"]
+    # Another rank's checkpoint is dropped: deleted at once where asked, as Ray's are.
+    assert rank1["kept"] == rank0["kept"]
+
+
+def _bad_upload(storage_path: str) -> None:
+    import tempfile
+
+    import horovod.torch as hvd
+    from ray.train import Checkpoint
+
+    import horovod_ray
+
+    hvd.init()
+    horovod_ray.report(
+        {"step": 1},
+        checkpoint=Checkpoint.from_directory(tempfile.mkdtemp()),
+        checkpoint_upload_fn=lambda checkpoint, destination: checkpoint,  # not uploaded
+    )
+
+
+def test_an_upload_fn_that_does_not_upload_fails_the_job_naming_it(ray_4cpu, tmp_path):
+    with pytest.raises(
+        WorkerFailedError, match="checkpoint_upload_fn must upload to the destination"
+    ):
+        horovod_ray.run(_bad_upload, args=[str(tmp_path)], num_slots=2, storage_path=str(tmp_path))
+
+
+@pytest.mark.unit
+def test_a_folder_in_the_runs_storage_is_never_deleted(tmp_path):
+    from ray.train import Checkpoint
+
+    from horovod_ray.checkpoints import spec
+    from horovod_ray.rank import report
+
+    storage = spec.create(str(tmp_path), "run")
+    inside = tmp_path / "run" / "checkpoint_000001"
+    inside.mkdir(parents=True)
+    for folder in (inside, tmp_path):  # in the run, or holding it
+        with pytest.raises(ConfigError) as raised:
+            report._outside_the_run(Checkpoint.from_directory(str(folder)), storage)
+        assert raised.value.parameter == "delete_local_checkpoint_after_upload"
+    report._outside_the_run(Checkpoint.from_directory(str(tmp_path / "run2")), storage)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"checkpoint_upload_mode": "SYNC"},
+        {"delete_local_checkpoint_after_upload": False},
+        {"checkpoint_upload_fn": lambda checkpoint, destination: checkpoint},
+    ],
+)
+def test_a_tune_trial_refuses_the_upload_options_its_report_ignores(monkeypatch, option):
+    from horovod_ray.rank import report
+
+    monkeypatch.setattr(report, "_tune_session", object())
+    with pytest.raises(ConfigError) as raised:
+        report.report({"step": 1}, **option)
+    assert raised.value.parameter == next(iter(option))
+
+
+@pytest.mark.unit
+def test_a_consistency_mode_ray_does_not_have_is_refused():
+    with pytest.raises(ConfigError) as raised:
+        horovod_ray.get_all_reported_checkpoints("EVENTUAL")
+    assert raised.value.parameter == "consistency_mode"

@@ -9,6 +9,9 @@ same output, environment and directory, and:
 * on SIGTERM or SIGINT, which the actor sends to end the rank, and which the kernel sends
   if the actor dies (the parent-death signal), ends the tree: SIGTERM, then SIGKILL after
   a grace period;
+* is killed with the actor where Ray kills a dying worker's children outright
+  (``ray.kill``): the command then gets SIGKILL from the kernel (its own parent-death
+  signal), so that it does not outlive the job (what it started itself may);
 * when COMMAND exits, ends whatever it left running, then exits with COMMAND's status
   (a command killed by signal N makes it die of signal N too); one that cannot start
   exits 127 (not found) or 126 (not runnable), as a shell does.
@@ -87,6 +90,11 @@ def _signal_all(pids: list[int], signum: int) -> None:
             pass
 
 
+def _die_with_parent() -> None:
+    """In the command's process before it runs: the kernel kills it if the guard dies."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def end_tree(grace_s: float) -> None:
     """SIGTERM to every descendant, SIGKILL to those left after ``grace_s``."""
     _signal_all(_descendants(), signal.SIGTERM)
@@ -113,7 +121,9 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:  # the actor died before the parent-death signal was armed
         return 128 + signal.SIGTERM
     try:
-        child = subprocess.Popen(command)
+        # Ray kills a dying actor's children outright (SIGKILL): the guard then cannot end
+        # the tree, so the command itself dies with the guard.
+        child = subprocess.Popen(command, preexec_fn=_die_with_parent)
     except OSError as err:
         print(f"horovod-ray: cannot run {command[0]!r}: {err}", file=sys.stderr, flush=True)
         # A shell's statuses: 127 not found, 126 found but not runnable.

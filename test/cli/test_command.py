@@ -176,6 +176,25 @@ def test_a_command_that_is_not_runnable_exits_126(tmp_path):
     assert "Permission denied" in lines[0][1]
 
 
+def test_the_command_dies_with_a_guard_killed_outright(tmp_path):
+    """Ray kills a dying actor's children with SIGKILL (the guard among them), so the guard
+    cannot end the tree: the command must not outlive it (it did, blocked forever, after
+    a static job's stop for a drain)."""
+    script = "import time; print('started', flush=True); time.sleep(60)"
+    process = RankProcess(
+        [sys.executable, "-c", script], {"PATH": os.environ["PATH"]}, str(tmp_path)
+    )
+    lines, _ = process.poll(30)
+    assert lines == [("stdout", "started\n")]
+    (command,) = psutil.Process(process.pid).children()
+    os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _not_zombie(command.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _not_zombie(command.pid)
+    _drain(process)
+
+
 def _not_zombie(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE

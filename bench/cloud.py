@@ -8,6 +8,10 @@ Ray drains one node with a 60 s deadline, as a cloud's preemption notice does, a
 job leaves it; "killed": the node is removed without notice (a spot node lost without one,
 or a crash). Each: seconds from the event to the first step on 2 ranks, and the
 steps the survivors began twice (rolled back to their last commit: the work lost).
+"static": a 2-rank static job (a spare node beside) that checkpoints when told of the
+drain (``get_preemption_info()``) and is restarted from that checkpoint (``max_restarts``):
+seconds from the drain to its restarted job's first step, and the steps done again; Ray
+Train v2's answer to the same drain is ``bench.train_drain``'s.
 """
 
 from __future__ import annotations
@@ -44,11 +48,76 @@ def drain(mode: Mode) -> dict:
             },
             mode.b6e_reps,
         )
+        static = [_measure_static(cluster) for _ in range(mode.b6e_reps)]
     return {
         "b10_to_two_ranks_s": {name: summary(values) for name, values in runs.items()},
         "b10_ratio_drained_vs_killed": ratio(runs["drained"], runs["killed"]),
         "b10_steps_begun_twice": {name: max(values) for name, values in repeated.items()},
+        "b10_static_to_resumed_s": summary([seconds for seconds, _ in static]),
+        "b10_static_steps_done_again": summary([again for _, again in static]),
+        "b10_static_deadline_s": DEADLINE_S,
     }
+
+
+def _measure_static(cluster: Cluster) -> tuple[float, int]:
+    """B10's static case: a 2-rank static job (``run(num_hosts=2, max_restarts=1)``, a
+    spare node beside) whose steps ask for the preemption notice and checkpoint on it
+    (``workloads.told_of_drains``); rank 0's node is drained with a ``DEADLINE_S``
+    deadline. Seconds from the drain to the restarted job's first step, and the steps it
+    did again (done before the drain's restart, and again after it)."""
+    import horovod_ray
+    from test.autoscaling import drain_node
+
+    while len(cluster.worker_nodes) < 3:
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    node = None
+    with tempfile.TemporaryDirectory() as name, tempfile.TemporaryDirectory() as storage:
+        folder = Path(name)
+        thread, outcome = _in_thread(
+            lambda: horovod_ray.run(
+                workloads.told_of_drains, args=(name, PAUSE_S), num_hosts=2, num_slots=1,
+                max_restarts=1, storage_path=storage, name="b10",
+            )
+        )  # fmt: skip
+        try:
+            done = _wait_done(folder, lambda lines: len(lines) >= 20)
+            node = (folder / "node").read_text()
+            at = time.time()
+            drain_node(cluster.address, node, deadline_s=DEADLINE_S)
+            done = _wait_done(folder, lambda lines: any(a == 1 for a, _, _ in lines))
+        finally:
+            (folder / "finish").touch()
+            thread.join(120)
+            for left in [n for n in cluster.worker_nodes if n.node_id == node]:
+                cluster.remove_node(left)  # drained: it exits once idle; clean up after
+        if thread.is_alive() or "error" in outcome:
+            raise RuntimeError(f"the static job did not end cleanly: {outcome.get('error')}")
+    return static_figures(done, at)
+
+
+def _wait_done(folder: Path, enough, timeout_s: float = 240) -> list[tuple[int, int, float]]:
+    """Rank 0's ``done`` lines, once ``enough(lines)``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            text = (folder / "done").read_text()
+        except FileNotFoundError:
+            text = ""
+        lines = [(int(a), int(s), float(t)) for a, s, t in map(str.split, text.splitlines())]
+        if enough(lines):
+            return lines
+        time.sleep(0.05)
+    raise RuntimeError(f"rank 0's steps did not come within {timeout_s}s")
+
+
+def static_figures(done: list[tuple[int, int, float]], at: float) -> tuple[float, int]:
+    """From rank 0's completed steps (attempt, step, time) and the drain's time: seconds to
+    the restarted attempt's first step, and the steps it did again (completed before the
+    restart, and again in it). Pure."""
+    first = next(i for i, (attempt, _, _) in enumerate(done) if attempt == 1)
+    before = [step for attempt, step, _ in done[:first] if attempt == 0]
+    return done[first][2] - at, max(0, max(before) - (done[first][1] - 1))
 
 
 def _measure(cluster: Cluster, notice: bool, repeated: list[int]) -> float:

@@ -138,6 +138,15 @@ def _print_b6(results: dict) -> None:
         print(f"B10 Ray Train v2, drained with a {deadline} s deadline")
         print(_row("to 2 workers", results["b10_train_v2_to_two_workers_s"], "s"))
         print(_row("steps done again", results["b10_train_v2_steps_done_again"], ""))
+    if "b10_static_to_resumed_s" in results:
+        deadline = results["b10_static_deadline_s"]
+        print(f"B10 a static job checkpointing on the notice, drained with a {deadline} s deadline")
+        print(_row("to the resumed job's first step", results["b10_static_to_resumed_s"], "s"))
+        print(_row("steps done again", results["b10_static_steps_done_again"], ""))
+        if "b10_train_v2_to_two_workers_s" in results:
+            ours = results["b10_static_to_resumed_s"]["median"]
+            theirs = results["b10_train_v2_to_two_workers_s"]["median"]
+            print(f"  b10_ratio_static_vs_train_v2 {ours / theirs:.3f} (seconds to recover)")
     if "b12_resume_s" in results:
         print("B12 from a rank's death to the first step of the resumed job (s)")
         for name, s in results["b12_resume_s"].items():

@@ -111,6 +111,49 @@ def checkpointed_steps(folder: str, pause_s: float) -> int:
         time.sleep(pause_s)
 
 
+def told_of_drains(folder: str, pause_s: float) -> int:
+    """B10 static: a static job's steps (an allreduce each), resumed from the latest
+    checkpoint; after each step it asks for the preemption notice and, given one, reports a
+    just-in-time checkpoint, as Ray Train's docs show (B10's Train v2 peer does the same).
+    Rank 0 writes its node to ``node`` and appends ``attempt step time`` to ``done`` for
+    each step it completed. Returns the step it ended at, once ``folder/finish`` exists."""
+    import tempfile
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from ray.train import Checkpoint
+
+    import horovod_ray
+
+    hvd.init()
+    attempt, step, saved = horovod_ray.attempt(), 0, False
+    checkpoint = horovod_ray.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as path:
+            step = int(open(os.path.join(path, "step")).read())
+    if hvd.rank() == 0:
+        with open(os.path.join(folder, "node"), "w") as handle:
+            handle.write(os.environ["HOROVOD_HOSTNAME"])
+    while True:
+        hvd.allreduce(tf.constant(1.0), op=hvd.Sum).numpy()
+        finish = os.path.exists(os.path.join(folder, "finish"))
+        finish = int(hvd.broadcast(tf.constant(int(finish)), root_rank=0).numpy())
+        step += 1
+        if hvd.rank() == 0:
+            with open(os.path.join(folder, "done"), "a") as handle:
+                handle.write(f"{attempt} {step} {time.time()}\n")
+        if finish:
+            return step
+        if horovod_ray.get_preemption_info() is not None and not saved:
+            with tempfile.TemporaryDirectory() as path:
+                with open(os.path.join(path, "step"), "w") as handle:
+                    handle.write(str(step))
+                horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(path))
+            saved = True
+        time.sleep(pause_s)
+
+
 def dies_once(folder: str, pause_s: float, die_at: int) -> int:
     """B9 restart: checkpointed steps; the first time, rank 1 dies before step
     ``die_at``'s collective, recording when and asking the next job to stop after one

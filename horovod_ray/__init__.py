@@ -31,6 +31,7 @@ from horovod_ray.job.lifecycle import ExecutorState
 from horovod_ray.observe.registry import JobStatus, jobs
 from horovod_ray.rank.context import TrainContext, get_context
 from horovod_ray.rank.logs import Callback, log
+from horovod_ray.rank.preemption import get_preemption_info
 from horovod_ray.rank.report import get_all_reported_checkpoints, get_checkpoint, report
 from horovod_ray.run import run
 from horovod_ray.settings import Settings
@@ -65,6 +66,7 @@ __all__ = [
     "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
+    "get_preemption_info",
     "jobs",
     "log",
     "report",

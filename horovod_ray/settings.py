@@ -298,6 +298,7 @@ MANAGED_ENV = frozenset(
         "HOROVOD_RAY_JOB_NAME",
         "HOROVOD_RAY_METRICS",
         "HOROVOD_RAY_TIMELINE",
+        "HOROVOD_RAY_PREEMPTION_DIR",
     }
 )
 

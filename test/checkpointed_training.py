@@ -88,3 +88,43 @@ def checkpointed_sum(config: dict) -> dict:
 def expected_state(steps: int) -> float:
     """What 2 ranks end with: sum over steps of (0 + step) + (1 + step)."""
     return float(sum(2 * step + 1 for step in range(steps)))
+
+
+def steps_told_of_drains(folder: str, framework: str = "torch") -> dict:
+    """Steps (an allreduce each) from the latest checkpoint, as Ray Train's docs show for
+    spot nodes. The first attempt writes ``started.<rank>`` (its node id) at step 3, asks
+    for the preemption notice after each step and, given one, writes it to
+    ``notice.<attempt>.<rank>`` and reports a checkpoint (rank 0's report then waits to be
+    stopped); it ends at ``folder/finish`` whatever happened. A restarted attempt does 5
+    steps more. Rank 0 appends ``attempt step`` to ``done`` for each step it completed."""
+    from pathlib import Path
+
+    from ray.train import Checkpoint
+
+    import horovod_ray
+
+    rank, allreduce, _ = _collectives(framework)
+    attempt, node = horovod_ray.attempt(), os.environ["HOROVOD_HOSTNAME"]
+    step, notices = 0, []
+    checkpoint = horovod_ray.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as path:
+            step = int(Path(path, "step").read_text())
+    last = step + 5 if attempt else 10_000
+    while step < last and not Path(folder, "finish").exists():
+        allreduce(1)
+        step += 1
+        if rank == 0:
+            with open(Path(folder, "done"), "a") as handle:
+                handle.write(f"{attempt} {step}\n")
+        if step == 3 and attempt == 0:
+            Path(folder, f"started.{rank}").write_text(node)
+        info = horovod_ray.get_preemption_info()
+        if info is not None:
+            notices.append([info.deadline_ms, info.preempted_node_to_ranks])
+            Path(folder, f"notice.{attempt}.{rank}").write_text(json.dumps(notices[-1]))
+            with tempfile.TemporaryDirectory() as path:
+                Path(path, "step").write_text(str(step))
+                horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(path))
+        time.sleep(0.05)
+    return {"attempt": attempt, "node": node, "rank": rank, "step": step, "notices": notices}

@@ -12,6 +12,7 @@ twice.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -105,6 +106,7 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
     """The elastic loop, with ``hvd`` the framework's horovod module."""
 
     begun: list[int] = []
+    notices: list = []  # the first preemption notice this rank was given
 
     @hvd.elastic.run
     def loop(state):
@@ -123,6 +125,12 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
                 with open(path + ".tmp", "w") as handle:
                     handle.write(f"{state.step} {hvd.size()}")
                 os.replace(path + ".tmp", path)
+            info = horovod_ray.get_preemption_info()  # a collective, after the commit
+            if info is not None and not notices:
+                notices.append([info.deadline_ms, info.preempted_node_to_ranks])
+                if hvd.rank() == 0:
+                    with open(os.path.join(folder, "notice"), "w") as handle:
+                        json.dump(notices[0], handle)
             if finish:
                 break
             time.sleep(pause_s)
@@ -135,6 +143,7 @@ def _loop(hvd, state, step, folder: str, pause_s: float, max_steps: int) -> dict
         "local_size": hvd.local_size(),
         "history": history,
         "begun": begun,
+        "notices": notices,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.cloud import static_figures
 from bench.train_drain import redone
 
 pytestmark = pytest.mark.unit
@@ -22,6 +23,18 @@ pytestmark = pytest.mark.unit
 def test_redone_counts_the_steps_the_smaller_world_did_again(steps, again):
     begun = [(step, size, float(t)) for t, (step, size) in enumerate(steps)]
     assert redone(begun, at=2.5) == again
+
+
+@pytest.mark.parametrize(
+    ("done", "seconds", "again"),
+    [
+        ([(0, 1, 1.0), (0, 2, 2.0), (0, 3, 3.0), (1, 4, 9.0), (1, 5, 10.0)], 7.0, 0),
+        ([(0, 1, 1.0), (0, 2, 2.0), (0, 3, 3.0), (1, 2, 9.0)], 7.0, 2),  # resumed from step 1
+        ([(0, 1, 1.0), (0, 2, 2.0), (1, 1, 8.0)], 6.0, 2),  # from no checkpoint
+    ],
+)
+def test_static_figures_time_the_restart_and_count_steps_done_again(done, seconds, again):
+    assert static_figures(done, at=2.0) == (seconds, again)
 
 
 def test_a_default_pass_runs_every_benchmark_with_a_speed_goal():

@@ -56,7 +56,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 16
+    assert len(PYTHON) == 17
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -75,6 +75,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         'create_settings(name="listed")',
         "scaling_config=ScalingConfig(num_workers=2)",
         'print("horovod_ray", result.metrics',
+        "get_preemption_info() is not None",
     ):
         assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
@@ -104,6 +105,12 @@ def test_checkpoints_snippet(joined):
     # Its asserts: resumed.
     out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), SNIPPET_S, join_ray=True)
     assert out.splitlines()[-1] == "4 [3, 4]"
+
+
+def test_cloud_pages_preemption_snippet(joined):
+    """Without a drain it trains to the end (test/job/test_multinode.py drains a node)."""
+    out = run_fresh_python(_block("get_preemption_info() is not None"), SNIPPET_S, join_ray=True)
+    assert out.strip().splitlines()[-1] == "[20, 20]"
 
 
 def test_the_ray_train_page_runs_both_twins(joined):

@@ -64,7 +64,8 @@ def train(steps):
             Path(folder, "step").write_text(str(step))
             horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
     total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum))
-    return start, total, context.get_world_rank(), context.get_experiment_name()
+    notice = horovod_ray.get_preemption_info()  # nothing drains under a local run
+    return start, total, context.get_world_rank(), context.get_experiment_name(), notice
 
 storage, heard = tempfile.mkdtemp(), []
 first = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here",
@@ -98,7 +99,8 @@ def test_a_local_run_reports_persists_and_resumes_without_ray():
     # No Ray, no thread, no context and none of the rank's variables left after each run
     # (the last one raised).
     assert out.stdout.splitlines()[-1] == (
-        "[(0, 1.0, 0, 'here')] [(2, 1.0, 0, 'here')] [{'step': 1}, {'step': 2}] False 1 "
+        "[(0, 1.0, 0, 'here', None)] [(2, 1.0, 0, 'here', None)] [{'step': 1}, {'step': 2}] "
+        "False 1 "
         "no context []"
     )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import ray
 from horovod.runner.elastic.discovery import HostDiscovery
@@ -106,6 +106,7 @@ class NodeDiscovery(HostDiscovery):
         only_ip: str | None,
         interval_s: float,
         hosts: HostDiscovery | None = None,
+        on_leaving: Callable[[str, int | None], None] | None = None,
     ) -> None:
         super().__init__()
         self._per_worker = dict(per_worker)
@@ -115,6 +116,9 @@ class NodeDiscovery(HostDiscovery):
         self._driver_node_id = ray.get_runtime_context().get_node_id()
         self._unknown: set[str] = set()
         self._drained: set[str] = set()
+        # Told of each draining node the job used, with its deadline (ms since the epoch;
+        # None: none given), before horovod's driver learns the node is gone.
+        self._on_leaving = on_leaving
         self._last: tuple[float, dict[str, int]] = (-float("inf"), {})
 
     def find_available_hosts_and_slots(self) -> dict[str, int]:
@@ -146,4 +150,8 @@ class NodeDiscovery(HostDiscovery):
                 node_id[:12],
                 draining.describe(leaving[node_id]),
             )
+            if self._on_leaving is not None:
+                self._on_leaving(
+                    node_id, draining.deadline_ms({node_id: leaving[node_id]}, time.time())
+                )
         self._drained.update(leaving)

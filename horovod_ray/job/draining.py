@@ -4,10 +4,13 @@ with a deadline, before the node dies; a job reads them here and leaves such a n
 
 An elastic job's discovery leaves a draining node out, so horovod's driver tells the ranks
 at their next ``commit()`` and the job re-forms without that node and without a rollback.
-A static job cannot re-form: it fails with :class:`~horovod_ray.errors.NodeDrainingError`
-as soon as one of its nodes drains, instead of waiting for the node to die, once rank 0
-(on a node that stays) has committed the checkpoints it was uploading, if the deadline
-leaves time for it (:func:`upload_wait_s`).
+A static job cannot re-form. It tells its ranks (``get_preemption_info()``, see
+``rank/preemption.py``) and, where rank 0's function asks for the notice and the job has
+a storage path, lets them go on until rank 0 has committed its just-in-time checkpoint,
+within the deadline (:class:`Grace`). Then it fails with
+:class:`~horovod_ray.errors.NodeDrainingError`, instead of waiting for the node to die,
+once rank 0 (on a node that stays) has committed the checkpoints it was uploading, if the
+deadline leaves time for it (:func:`upload_wait_s`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import logging
 import math
 import threading
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 import ray
 
 from horovod_ray.errors import NodeDrainingError
+from horovod_ray.failures import probe
+from horovod_ray.rank import preemption
 
 logger = logging.getLogger(__name__)
 _warned = threading.Event()  # a failure to read the draining nodes has been said
@@ -32,6 +37,11 @@ READ_EVERY_S = 1.0  # how often a static job asks whether one of its nodes drain
 # waits for a release (executor.STOP_WAIT_S, 60 s).
 UPLOAD_MARGIN_S = 5.0
 UPLOAD_WAIT_MAX_S = 45.0
+# The longest a static job waits for rank 0's just-in-time checkpoint when the drain gave
+# no deadline (with one: up to it, less UPLOAD_MARGIN_S).
+JUST_IN_TIME_NO_DEADLINE_S = 60.0
+ASK_RANK0_EVERY_S = 0.25  # how often the job asks rank 0 whether that checkpoint is in
+TELL_WAIT_S = 5.0  # the longest the job waits for its ranks to take a notice
 
 
 def draining_nodes() -> dict[str, float]:
@@ -145,3 +155,114 @@ def static_job_error(
 def describe(seconds: float) -> str:
     """``deadline in 30 s``, or ``no deadline``."""
     return "no deadline" if math.isinf(seconds) else f"deadline in {seconds:.0f} s"
+
+
+def just_in_time_s(leaving: Mapping[str, float]) -> float:
+    """How long a static job lets its ranks go on after a drain, for rank 0's
+    just-in-time checkpoint: to the nearest deadline less ``UPLOAD_MARGIN_S``, or
+    ``JUST_IN_TIME_NO_DEADLINE_S`` without one. Pure."""
+    nearest = min(leaving.values())
+    if math.isinf(nearest):
+        return JUST_IN_TIME_NO_DEADLINE_S
+    return max(0.0, nearest - UPLOAD_MARGIN_S)
+
+
+def deadline_ms(leaving: Mapping[str, float], now_s: float) -> int | None:
+    """The nearest deadline as Ray Train gives it (ms since the epoch), or None. Pure."""
+    nearest = min(leaving.values())
+    return None if math.isinf(nearest) else int((now_s + nearest) * 1000)
+
+
+class Grace:
+    """A static job's answer to a drain while its ranks run, asked at every wait of a call
+    (:meth:`check`): tells every rank once more nodes drain (``get_preemption_info()``), then
+    raises :class:`LeavingError` when the job should stop: at once, untold, where the job
+    keeps no checkpoints; once rank 0 answers, where its function never asked for the
+    notice; else once rank 0 has committed the checkpoint it reported after the notice
+    (its ``report()`` then waits to be stopped), or at :func:`just_in_time_s`. Calls
+    from several threads share it (a lock).
+
+    Args:
+        watch: The job's nodes' drains.
+        actors: The ranks' actors, in world-rank order.
+        nodes: Each world rank's node id.
+        keeps_checkpoints: Whether the job has a storage path (rank 0's reports persist).
+    """
+
+    def __init__(
+        self, watch: Watch, actors: list[Any], nodes: list[str], keeps_checkpoints: bool
+    ) -> None:
+        self._watch, self._actors, self._nodes = watch, actors, nodes
+        self._keeps = keeps_checkpoints
+        self._told: set[str] = set()
+        self._version = 0
+        self._until = math.inf
+        self._asking: Any = None
+        self._asked_at = -math.inf
+        self._state: tuple[bool, bool] | None = None  # rank 0's (asked, saved); None: unknown
+        self._unread: list[Any] = []  # the refs of notices not taken within TELL_WAIT_S
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        leaving = self._watch.draining()
+        if not leaving:
+            return
+        if not self._keeps:
+            raise LeavingError(leaving)  # nothing a checkpoint could be kept in
+        with self._lock:
+            if not set(leaving) <= self._told:
+                self._tell(leaving)
+            if self._stop_now():
+                raise LeavingError(leaving)
+
+    def settle(self) -> None:
+        """Reads what the ranks' actors answered after the job stopped (so that Ray does
+        not log the failures of the killed ones as unhandled)."""
+        with self._lock:
+            for ref in [*self._unread, *([self._asking] if self._asking is not None else [])]:
+                probe.error_of(ref)
+            self._unread, self._asking = [], None
+
+    def _tell(self, leaving: Mapping[str, float]) -> None:
+        """Writes the next notice to every rank, and how long the ranks may go on."""
+        self._version += 1
+        self._told = set(leaving)
+        node_ranks = {
+            node: [rank for rank, there in enumerate(self._nodes) if there == node]
+            for node in leaving
+        }
+        text = preemption.notice(
+            self._version, deadline_ms(leaving, time.time()), node_ranks, restart=True
+        )
+        refs = [actor.preempt.remote(self._version, text) for actor in self._actors]
+        ready, self._unread = ray.wait(refs, num_returns=len(refs), timeout=TELL_WAIT_S)
+        for ref in ready:
+            probe.error_of(ref)  # a dead rank is the call's to find
+        self._until = min(self._until, time.monotonic() + just_in_time_s(leaving))
+        logger.warning(
+            "a node of the job is draining (%s): the ranks are told (get_preemption_info)",
+            describe(min(leaving.values())),
+        )
+
+    def _stop_now(self) -> bool:
+        if time.monotonic() >= self._until:
+            if self._state is not None and self._state[0] and not self._state[1]:
+                logger.warning(
+                    "rank 0 asked for the preemption notice but committed no checkpoint "
+                    "reported after it in time; the job stops now"
+                )
+            return True
+        state = self._rank0_state()
+        return state is not None and (state[1] or not state[0])
+
+    def _rank0_state(self) -> tuple[bool, bool] | None:
+        """Rank 0's last answer (asked, saved), asked again at most every
+        ``ASK_RANK0_EVERY_S``; None before the first."""
+        if self._asking is not None and ray.wait([self._asking], timeout=0)[0]:
+            if probe.error_of(self._asking) is None:
+                self._state = ray.get(self._asking)
+            self._asking = None
+        if self._asking is None and time.monotonic() - self._asked_at >= ASK_RANK0_EVERY_S:
+            self._asked_at = time.monotonic()
+            self._asking = self._actors[0].preemption_state.remote()
+        return self._state

@@ -89,8 +89,10 @@ class StaticJob:
         self.held = Held()
         # In world-rank order; set once start() has placed every rank.
         self.members: tuple[Member, ...] = ()
-        # Whether Ray drains one of the members' nodes; asked during calls.
+        # Whether Ray drains one of the members' nodes, and what the job does then; asked
+        # during calls.
         self._drains = draining.Watch(set())
+        self._grace = draining.Grace(self._drains, [], [], False)
         # Seconds start() spent reserving the group, starting the actors, and setting up
         # the ranks' environments (the rendezvous server included).
         self.start_s: dict[str, float] = {}
@@ -130,6 +132,12 @@ class StaticJob:
         try:
             self.members = self._place(check)
             self._drains = draining.Watch({m.node.node_id for m in self.members})
+            self._grace = draining.Grace(
+                self._drains,
+                [m.actor for m in self.members],
+                [m.node.node_id for m in self.members],
+                self._settings.storage is not None,
+            )
             began = time.perf_counter()
             envs = self._environments()
             setups = [
@@ -264,7 +272,7 @@ class StaticJob:
         actors = self.actors if all_ranks else self.actors[:1]
         message, refs = self._dispatcher.send(call, actors, all_ranks)
         started = time.monotonic()
-        check = self._drains.check
+        check = self._grace.check
         try:
             if callbacks:
                 deliver = logs.to_all(callbacks)
@@ -340,6 +348,7 @@ class StaticJob:
         logger.warning("%s", str(error).splitlines()[0])
         self._finish_uploads(leaving)
         self._release_failed(refs)
+        self._grace.settle()
         raise error from None
 
     def _finish_uploads(self, leaving: dict[str, float]) -> None:

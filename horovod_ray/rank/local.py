@@ -18,6 +18,7 @@ from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import logs, report
+from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
 from horovod_ray.rank.timeline import TIMELINE_ENV
 
 # A job of one: what the executor gives each rank, for rank 0 of 1.
@@ -45,6 +46,7 @@ _OUTER = (
     "HOROVOD_RAY_ATTEMPT",
     "HOROVOD_RAY_METRICS",
     TIMELINE_ENV,
+    PREEMPTION_DIR_ENV,
     STORAGE_ENV,
     CHECKPOINT_ENV,
     FIRST_INDEX_ENV,

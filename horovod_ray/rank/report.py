@@ -31,7 +31,7 @@ from horovod_ray.checkpoints.metrics import checked_metrics, plain
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
-from horovod_ray.rank import logs
+from horovod_ray.rank import logs, preemption
 from horovod_ray.rank import metrics as rank_metrics
 
 logger = logging.getLogger(__name__)
@@ -129,12 +129,19 @@ def report(
     else:
         if delete_local:
             _outside_the_run(checkpoint, uploader.storage)
+        # A checkpoint reported on a static job's preemption notice: this process is
+        # stopped before the caller could remove its folder, so it goes once committed.
+        just_in_time = preemption.stops_after_checkpoint()
+        if just_in_time and not _in_the_run(checkpoint, uploader.storage):
+            delete_local = True
         # The upload thread deletes the folder once the checkpoint is committed.
         uploader.submit(
             metrics, checkpoint, checkpoint_upload_fn, delete_local and _on_this_node(checkpoint)
         )
-        if sync:
+        if sync or just_in_time:
             uploader.flush()
+        if just_in_time:
+            preemption.saved_then_wait()  # the job stops now, to resume from it
 
 
 def _upload_options(
@@ -200,20 +207,27 @@ def _outside_the_run(checkpoint: Any, storage: RunStorage) -> None:
     Raises:
         ConfigError: Naming delete_local_checkpoint_after_upload.
     """
+    if _in_the_run(checkpoint, storage):
+        raise ConfigError(
+            "delete_local_checkpoint_after_upload",
+            f"the checkpoint's folder {checkpoint.path} is in the run's storage "
+            f"({os.path.realpath(storage.run_path)}) or holds it: report a copy, or leave "
+            f"delete_local_checkpoint_after_upload False",
+        )
+
+
+def _in_the_run(checkpoint: Any, storage: RunStorage) -> bool:
+    """Whether a checkpoint's folder on this node is in the run's (local) storage, or
+    holds it."""
     import pyarrow.fs
 
     if not _on_this_node(checkpoint):
-        return
+        return False
     if not isinstance(storage.filesystem, pyarrow.fs.LocalFileSystem):
-        return
+        return False
     folder = os.path.realpath(checkpoint.path)
     run = os.path.realpath(storage.run_path)
-    if os.path.commonpath([folder, run]) in (folder, run):
-        raise ConfigError(
-            "delete_local_checkpoint_after_upload",
-            f"the checkpoint's folder {checkpoint.path} is in the run's storage ({run}) or "
-            f"holds it: report a copy, or leave delete_local_checkpoint_after_upload False",
-        )
+    return os.path.commonpath([folder, run]) in (folder, run)
 
 
 def _refuse_under_tune(mode: Any, delete_local: Any, upload_fn: Any) -> None:

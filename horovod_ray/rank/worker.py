@@ -22,7 +22,7 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import RankError
-from horovod_ray.rank import logs, priority, report, timeline
+from horovod_ray.rank import logs, preemption, priority, report, timeline
 from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
@@ -85,6 +85,7 @@ class Worker:
         logs.open_channel(is_log_rank)
         report.in_actor()
         timeline.choose()
+        preemption.open_folder()
         rank_metrics.start(node=ray.util.get_node_ip_address())
         # Everything the process holds before user code (Ray, this package) lives as long
         # as the process: frozen, it is no longer walked by each full collection. Importing
@@ -206,6 +207,18 @@ class Worker:
             commits nothing after it).
         """
         return report.finish_submitted(timeout_s)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def preempt(self, version: int, text: str) -> None:
+        """Hands this rank the driver's preemption notice ``version`` (a node of the job
+        drains), for ``get_preemption_info()``."""
+        preemption.deliver(version, text)
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def preemption_state(self) -> tuple[bool, bool]:
+        """Whether the function asked for the notice, and whether (rank 0) it committed
+        its just-in-time checkpoint."""
+        return preemption.state()
 
 
 def thread_stacks(skip: int | None = None) -> str:

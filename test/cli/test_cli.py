@@ -131,6 +131,7 @@ OURS_ONLY = (
     "HOROVOD_RAY_JOB_ID",
     "HOROVOD_RAY_JOB_NAME",
     "HOROVOD_RAY_METRICS",
+    "HOROVOD_RAY_PREEMPTION_DIR",
 )
 PARITY = [
     ["-H", "localhost:2", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5",

@@ -197,10 +197,12 @@ def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_pat
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 3, 3), 240, "3 ranks training", run)
         leaving = run.changes()[0]["nodes_added"][-1]
+        drained_at = time.time()
         drain_node(cluster.address, leaving, deadline_s=300)
         _wait_for(lambda: run.sizes()[-1] == 2, 120, "the world to shrink", run)
         shrunk_at = _progress(tmp_path)[0]
         _wait_for(_at(tmp_path, shrunk_at + 3, 2), 120, "steps at 2 ranks", run)
+        _wait_for((tmp_path / "notice").exists, 60, "the ranks to be told", run)
         (tmp_path / "finish").touch()
         run.thread.join(120)
         assert "error" not in run.outcome, run.outcome.get("error")
@@ -224,6 +226,13 @@ def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_pat
     change = next(e for e in run.changes() if e["size_before"] == 3 and e["size_after"] == 2)
     assert change["nodes_removed"] == [leaving]
     assert f"node {leaving[:12]} is draining (deadline in" in caplog.text
+    # get_preemption_info() told the ranks which node, with the deadline, the same on each.
+    (deadline_ms, nodes), seen = json.loads((tmp_path / "notice").read_text()), set()
+    for result in results:
+        seen.add(json.dumps(result["notices"]))
+    assert seen == {json.dumps([[deadline_ms, nodes]])}
+    assert list(nodes) == [leaving] and len(nodes[leaving]) == 1
+    assert abs(deadline_ms / 1000 - drained_at - 300) < 5
     # Its ranks left as horovod tells a removed host's ranks to, not as failures.
     assert not re.search(r"elastic job: rank \d+ on node \w+ .* ended", caplog.text), caplog.text
 

@@ -3,6 +3,7 @@ Horovod collectives: the ranks Horovod reports must be the ones the executor ass
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ from ray.cluster_utils import Cluster
 
 import horovod_ray
 from horovod_ray import NodeDrainingError, PlacementTimeoutError, RayExecutor
+from test.checkpointed_training import steps_told_of_drains
 from test.conftest import doc_blocks, start_cluster, stop_ray
 from test.test_executor import horovod_identity
 
@@ -176,19 +178,75 @@ def test_a_static_job_on_a_draining_node_stops_at_once_naming_it(uneven_cluster,
     assert "which Ray is draining (deadline in" in text and "max_restarts" in text
 
 
-def test_run_with_restarts_starts_again_off_a_draining_node(uneven_cluster, tmp_path):
-    """run(max_restarts=1): the attempt on a draining node is stopped, and the next one
-    is placed on the nodes that stay."""
+def test_a_static_job_told_of_a_drain_resumes_with_no_step_done_twice(uneven_cluster, tmp_path):
+    """Ray Train's just-in-time checkpoint in a static job: every rank is told of the drain
+    (get_preemption_info(), rank 0's answer on each: its deadline and the ranks on the
+    node), rank 0 commits the checkpoint it reports then, the job stops at once (not at
+    the deadline), and run(max_restarts=1) starts again from that checkpoint on the nodes
+    that stay: each step is done once."""
     preemption = _Preemption(uneven_cluster, tmp_path, 2)
+    began = time.time()
     try:
         results = horovod_ray.run(
-            _wait_for_finish, args=(str(tmp_path),), num_hosts=2, num_slots=1, max_restarts=1
+            steps_told_of_drains,
+            args=(str(tmp_path),),
+            num_hosts=2,
+            num_slots=1,
+            max_restarts=1,
+            storage_path=str(tmp_path / "store"),
+            name="run",
         )
+        assert not (tmp_path / "finish").exists()  # the first attempt did not run out
+    finally:
+        preemption.end()
+    assert [r["attempt"] for r in results] == [1, 1]
+    assert preemption.node_id not in {r["node"] for r in results}
+    assert [r["notices"] for r in results] == [[], []]  # the new nodes are not draining
+    _check_resumed_once(tmp_path, preemption.node_id, began)
+
+
+def test_a_command_lines_ranks_resume_a_drain_with_no_step_done_twice(uneven_cluster, tmp_path):
+    """The same under ``horovod-ray run --max-restarts 1``, on TensorFlow: the command's
+    ranks are told through their actors, and the restarted command resumes."""
+    script = Path(__file__).parent.parent / "scripts" / "checkpointed.py"
+    preemption = _Preemption(uneven_cluster, tmp_path, 2)
+    began = time.time()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "horovod_ray", "run", "--address", uneven_cluster.address,
+             "--num-hosts", "2", "--storage-path", str(tmp_path / "store"), "--name", "run",
+             "--max-restarts", "1", sys.executable, str(script), "drains", str(tmp_path),
+             "tensorflow"],
+            capture_output=True, text=True, timeout=180, cwd=tmp_path,
+        )  # fmt: skip
         assert not (tmp_path / "finish").exists()
     finally:
         preemption.end()
-    assert [attempt for attempt, _, _ in results] == [1, 1]
-    assert preemption.node_id not in {node for _, node, _ in results}
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "which Ray is draining (deadline in" in out.stderr
+    ends = [
+        json.loads(line.split(":", 1)[1]) for line in out.stdout.splitlines() if '"attempt"' in line
+    ]
+    assert sorted((end["attempt"], end["rank"]) for end in ends) == [(1, 0), (1, 1)]
+    _check_resumed_once(tmp_path, preemption.node_id, began)
+
+
+def _check_resumed_once(folder: Path, drained: str, began: float) -> None:
+    """Rank 0 did each step once over both attempts, 5 of them in the restarted one, from
+    the checkpoint reported on the notice; both ranks of the first attempt were given one
+    notice, rank 0's, naming the drained node's ranks and docs/cloud.rst's 120 s deadline."""
+    done = [tuple(map(int, line.split())) for line in (folder / "done").read_text().splitlines()]
+    steps = [step for _, step in done]
+    assert steps == list(range(1, len(steps) + 1)), done  # none twice, none skipped
+    assert [attempt for attempt, _ in done[-5:]] == [1] * 5 and done[-6][0] == 0
+    result = horovod_ray.Result.from_path(str(folder / "store" / "run"))
+    assert result.metrics["step"] == done[-6][1]  # the checkpoint it resumed from
+    seen = {(folder / f"notice.0.{rank}").read_text() for rank in (0, 1)}
+    assert len(seen) == 1 and not list(folder.glob("notice.1.*"))
+    deadline_ms, nodes = json.loads(seen.pop())
+    there = [r for r in (0, 1) if (folder / f"started.{r}").read_text() == drained]
+    assert nodes == {drained: there}
+    assert began + 100 < deadline_ms / 1000 < time.time() + 120
 
 
 class _SlowUploads(pyarrow.fs.FileSystemHandler):

@@ -22,6 +22,7 @@ CONSTRAINTS := constraints-gpu.txt
 TF_PACKAGES := torch nvidia-cuda-nvcc nvidia-cuda-crt nvidia-cuda-cccl nvidia-nvvm \
 	nvidia-cuda-runtime nvidia-nccl-cu13
 TF_EXTRA := torch
+WHEEL_EXTRAS := torch,tune
 # pip's wheels have only libnccl.so.2 and libcudart.so.13: the build finds unversioned links
 # to them in a folder of its own. nvcc's profile looks for its runtime in lib64, which the
 # wheels name lib (CUDAFLAGS). The built extension finds both libraries at run time because
@@ -39,6 +40,7 @@ CONSTRAINTS := constraints-gpu-tf.txt
 # cuBLAS, NCCL, ...); the compiler comes from Debian (patches/gpu-tf/cuda12-home.sh).
 TF_PACKAGES := 'tensorflow[and-cuda]' keras
 TF_EXTRA := tensorflow-gpu
+WHEEL_EXTRAS := tensorflow-gpu,tune
 HOROVOD_GPU_TF := $(sort $(wildcard patches/gpu-tf/*))
 # TensorFlow 2.21's headers include highwayhash and farmhash, which its wheel ships outside
 # the include path it gives. NCCL's wheel has only libnccl.so.2: a link in links/ (below).
@@ -53,6 +55,7 @@ VENV := .venv
 CONSTRAINTS := constraints.txt
 TF_PACKAGES := tensorflow-cpu keras torch
 TF_EXTRA := tensorflow,torch,docs
+WHEEL_EXTRAS := tensorflow,torch,tune
 HOROVOD_TORCH := HOROVOD_WITH_PYTORCH=1
 else ifeq ($(TF),2.15)
 LINE := tf$(TF)
@@ -60,6 +63,7 @@ VENV := .venv-tf2.15
 CONSTRAINTS := constraints-tf2.15.txt
 TF_PACKAGES := tensorflow-cpu
 TF_EXTRA := tensorflow-2023
+WHEEL_EXTRAS := tensorflow-2023,tune
 HOROVOD_TORCH := HOROVOD_WITHOUT_PYTORCH=1
 else
 $(error TF=$(TF) is not a supported TensorFlow line: use TF=2.21 (the default, Keras 3) or TF=2.15 (Keras 2))
@@ -105,8 +109,8 @@ HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-$(LINE)-$(HOROVOD_K
 HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: install horovod-wheel test test-suite test-2023 test-subset test-gpu-line test-gpu \
-	test-bench prometheus demo docs lint \
+.PHONY: install horovod-wheel wheels test test-suite test-2023 test-subset test-gpu-line test-gpu \
+	test-bench test-deploy prometheus demo docs lint \
 	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
@@ -149,6 +153,25 @@ horovod-wheel:
 		mv $(HOROVOD_BUILD)/wheel.partial $(HOROVOD_BUILD)/wheel; \
 	fi
 
+# A wheelhouse of the line (docs/deploying.rst): the patched horovod, labelled with a local
+# version (0.28.1+hr<build>.tf221.torch213, see horovod_ray/stack/wheelhouse.py), this
+# package, and every package they need at the line's pins, so that
+# `pip install --no-index --find-links WHEELHOUSE 'horovod-ray[$(WHEEL_EXTRAS)]'` installs a
+# node without a checkout or a compiler.
+# WHEELHOUSE is emptied first; only wheels go in (no source archive to build on a node).
+WHEELHOUSE ?= build/wheelhouse-$(LINE)
+wheels: install
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)
+	mkdir -p $(HOROVOD_CACHE)
+	flock $(HOROVOD_BUILD).lock $(MAKE) --no-print-directory TF=$(TF) GPU=$(GPU) horovod-wheel
+	$(PY) -m horovod_ray.stack.wheelhouse retag $(HOROVOD_BUILD)/wheel/horovod-$(HOROVOD_VERSION)-*.whl \
+		--key $(HOROVOD_KEY) --out $(WHEELHOUSE)
+	rm -rf build/lib build/bdist.*  # setuptools' leftovers would go into the wheel
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(WHEELHOUSE) .
+	$(PIP) download --quiet --only-binary=:all: -c $(CONSTRAINTS) --find-links $(WHEELHOUSE) \
+		-d $(WHEELHOUSE) "$$(ls $(WHEELHOUSE)/horovod_ray-*.whl)[$(WHEEL_EXTRAS)]"
+	@echo "wheelhouse: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE) | wc -l) wheels)"
+
 $(STAMP): $(HOROVOD_STAMP) setup.py
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(TF_EXTRA),tune,test,examples,bench]'
 	touch $(STAMP)
@@ -170,7 +193,7 @@ endif
 # test that starts Ray).
 test-suite: install prometheus
 	$(PY) -m pytest $(PYTEST_ARGS) -m unit test
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py test
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py --ignore=test/deploy test
 
 # The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic (unit),
 # horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node
@@ -202,6 +225,18 @@ test-gpu:
 
 test-bench: install
 	$(PY) -m pytest $(PYTEST_ARGS) test/test_bench.py
+
+# The wheelhouse on machines that never saw the checkout (test/deploy, minutes: a fresh
+# virtualenv from the wheelhouse alone, then a Ray cluster of simulated hosts running from
+# it). Not in `make test`, whose time on CI it does not fit: run it after changing what goes
+# into the wheelhouse (setup.py, the constraints, the patches).
+ifeq ($(LINE),tf2.21)
+test-deploy: wheels
+	HOROVOD_RAY_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest $(PYTEST_ARGS) test/deploy
+else
+test-deploy:
+	$(error test-deploy checks the default line's wheelhouse (its TensorFlow and PyTorch jobs): leave TF and GPU out)
+endif
 
 # Debian's Prometheus, which test/observe starts with a config of its own to scrape a real
 # job (docs/observability.rst); never started as a service here.

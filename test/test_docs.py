@@ -296,6 +296,7 @@ def test_every_shell_block_is_run_by_a_test_or_by_make():
         "rm -rf build/horovod\n",
         "make install  ",
         "ray drain-node ",  # by test/job/test_multinode.py, on its cluster
+        "make wheels\n",  # and the rest by test/deploy (make test-deploy)
     )
     for block in doc_blocks("bash"):
         assert block.startswith(known), block

@@ -12,6 +12,7 @@ whether it carries the Gloo interface fix and, on Keras 3, the Keras 3 port from
 
 import argparse
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -37,6 +38,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     torch_wait_starts_the_cycle,
     torch_waits_without_spinning,
 )
+from horovod_ray.stack.wheelhouse import is_patched  # noqa: E402
 
 
 def _gpu_check(gpu: str | None) -> int:
@@ -146,6 +148,13 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
         return 1
     require_gloo()  # the executor's cheap check must agree
     print(f"horovod_ray: horovod has Gloo and {framework}")
+    try:
+        version = importlib.metadata.version("horovod")
+    except importlib.metadata.PackageNotFoundError:  # on a path without its metadata
+        version = "(version unknown)"
+    patched = gloo_iface_fixed() or exchange_allreduce() or core_counters()
+    said = build_line(version, patched)
+    print(said, file=sys.stdout if patched else sys.stderr)
     if _gpu_check(gpu):
         return 1
     if importlib.util.find_spec("torch") is None:
@@ -226,6 +235,26 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
         )
         return 1 if require_fix else 0
     return 0
+
+
+def build_line(version: str, patched: bool) -> str:
+    """What the check says of the installed horovod's build. Pure.
+
+    Args:
+        version: horovod's version, as pip installed it.
+        patched: Whether the build has this package's fixes (the probes found them).
+    """
+    if patched and is_patched(version):
+        return f"horovod_ray: horovod {version}, built with horovod_ray's patches (a wheelhouse's)"
+    if patched:
+        return f"horovod_ray: horovod {version}, built with horovod_ray's patches (make install)"
+    return (
+        f"horovod_ray: horovod {version} is a stock build, without horovod_ray's patches "
+        "(patches/: Keras 3, the Gloo interface fix, speed, counters): install the patched "
+        "build from a wheelhouse (`pip install --no-index --find-links WHEELHOUSE "
+        "--force-reinstall --no-deps horovod`; `make wheels` in a horovod_ray checkout makes "
+        "one, docs/deploying.rst), or run `make install` in a checkout"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

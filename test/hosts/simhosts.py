@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,10 +67,17 @@ class Host:
     hosts_file: Path
     temp_dir: Path
     ray_node: bool = False
+    # An empty folder mounted over the checkout in this host's commands: a machine that
+    # never saw it (None: the checkout is there).
+    hides_repo: Path | None = None
 
     def command(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` as run on this host: its network, host name and /etc/hosts."""
+        """``argv`` as run on this host: its network, host name and /etc/hosts (and no
+        checkout, where the host hides it)."""
         script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+        if self.hides_repo is not None:
+            hide = f"mount --bind {shlex.quote(str(self.hides_repo))} {shlex.quote(str(REPO))}"
+            script = script.replace(" && shift", f" && {hide} && shift")
         return [
             "ip", "netns", "exec", self.netns,
             "unshare", "--uts", "--mount", "--propagation", "private", "--",
@@ -118,12 +126,20 @@ class SimHosts:
 
     Args:
         subnet: The first three octets of the hosts' /24 (a private range).
+        venv_bin: The virtualenv whose ``ray`` and ``python`` the hosts run (this one's
+            by default).
+        in_repo: Whether the hosts' commands see the checkout (``PYTHONPATH``, and as
+            their working directory); without it they run in the harness's folder with
+            an empty folder mounted over the checkout, as on a machine that never saw it.
     """
 
     _made = 0  # harnesses made by this process, so that each gets names of its own
 
-    def __init__(self, subnet: str = "10.213.7") -> None:
+    def __init__(
+        self, subnet: str = "10.213.7", venv_bin: Path = VENV_BIN, in_repo: bool = True
+    ) -> None:
         self.subnet = subnet
+        self.venv_bin, self.in_repo = venv_bin, in_repo
         SimHosts._made += 1
         self.tag = f"hr{os.getpid()}{chr(ord('a') + SimHosts._made % 26)}"
         self.root = Path("/tmp") / f"{self.tag}-hosts"
@@ -179,8 +195,11 @@ class SimHosts:
             hostname=f"{name}.sim",
             hosts_file=self.root / f"{name}.hosts",
             temp_dir=self.root / name,
+            hides_repo=None if self.in_repo else self.root / "empty",
         )
         host.temp_dir.mkdir()
+        if host.hides_repo is not None:
+            host.hides_repo.mkdir(exist_ok=True)
         self.hosts[name] = host
         own = "127.0.1.1" if loopback_hostname else address
         host.hosts_file.write_text(f"127.0.0.1 localhost\n::1 localhost\n{own} {host.hostname}\n")
@@ -239,13 +258,15 @@ class SimHosts:
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+        env.pop("PYTHONPATH", None)
         env.update(
-            PATH=f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+            PATH=f"{self.venv_bin}:{env.get('PATH', '/usr/bin:/bin')}",
             RAY_AUTH_MODE="disabled",
             RAY_USAGE_STATS_ENABLED="0",
             TF_CPP_MIN_LOG_LEVEL="2",
-            PYTHONPATH=str(REPO),
         )
+        if self.in_repo:
+            env["PYTHONPATH"] = str(REPO)
         return env
 
     def start_ray(
@@ -256,7 +277,7 @@ class SimHosts:
         The head serves Ray Client on port 10001 and, with ``dashboard``, the dashboard
         (and so Ray Jobs) on port 8265 of its address.
         """
-        argv = [str(VENV_BIN / "ray"), "start", f"--node-ip-address={host.address}",
+        argv = [str(self.venv_bin / "ray"), "start", f"--node-ip-address={host.address}",
                 f"--num-cpus={num_cpus}", "--num-gpus=0", f"--temp-dir={host.temp_dir}",
                 "--disable-usage-stats"]  # fmt: skip
         if head:
@@ -268,7 +289,12 @@ class SimHosts:
         else:
             argv += [f"--address={self.gcs_address}"]
         result = subprocess.run(
-            host.command(argv), env=self._env(), capture_output=True, text=True, timeout=180
+            host.command(argv),
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=REPO if self.in_repo else self.root,
         )
         if result.returncode != 0:
             raise RuntimeError(f"ray start on {host.name} failed:\n{result.stderr[-3000:]}")
@@ -297,12 +323,12 @@ class SimHosts:
     ) -> subprocess.CompletedProcess:
         """Runs the venv's Python on ``host`` and waits for it."""
         result = subprocess.run(
-            host.command([sys.executable, *args]),
+            host.command([str(self.venv_bin / "python"), *args]),
             env=self._env(),
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            cwd=REPO,
+            cwd=REPO if self.in_repo else self.root,
         )
         if check and result.returncode != 0:
             raise AssertionError(

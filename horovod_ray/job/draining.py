@@ -234,10 +234,7 @@ class Grace:
         text = preemption.notice(
             self._version, deadline_ms(leaving, time.time()), node_ranks, restart=True
         )
-        refs = [actor.preempt.remote(self._version, text) for actor in self._actors]
-        ready, self._unread = ray.wait(refs, num_returns=len(refs), timeout=TELL_WAIT_S)
-        for ref in ready:
-            probe.error_of(ref)  # a dead rank is the call's to find
+        self._unread = tell(self._actors, [(self._version, text)])
         self._until = min(self._until, time.monotonic() + just_in_time_s(leaving))
         logger.warning(
             "a node of the job is draining (%s): the ranks are told (get_preemption_info)",
@@ -266,3 +263,41 @@ class Grace:
             self._asked_at = time.monotonic()
             self._asking = self._actors[0].preemption_state.remote()
         return self._state
+
+
+def tell(actors: list[Any], notices: list[tuple[int, str]]) -> list[Any]:
+    """Hands each actor's rank the notices (number, text), waiting up to ``TELL_WAIT_S``;
+    the refs not answered by then (a dead rank is the call's to find)."""
+    refs = [actor.preempt.remote(n, text) for actor in actors for n, text in notices]
+    ready, unread = ray.wait(refs, num_returns=len(refs), timeout=TELL_WAIT_S)
+    for ref in ready:
+        probe.error_of(ref)
+    return unread
+
+
+class Notices:
+    """An elastic run's preemption notices, numbered from 1, each written once: a new one
+    when the discovery sees a node that holds ranks drain, naming every such node so far
+    (they only inform: the ranks leave at a ``commit()``). Slot threads read them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._texts: list[str] = []
+        self._nodes: dict[str, tuple[list[int], int | None]] = {}
+
+    def add(self, node_id: str, ranks: list[int], deadline_ms: int | None) -> None:
+        """A node that held ``ranks`` drains (none: an idle node, no notice)."""
+        if not ranks:
+            return
+        with self._lock:
+            self._nodes[node_id] = (ranks, deadline_ms)
+            deadlines = [d for _, d in self._nodes.values() if d is not None]
+            node_ranks = {node: r for node, (r, _) in self._nodes.items()}
+            number = len(self._texts) + 1
+            text = preemption.notice(number, min(deadlines, default=None), node_ranks, False)
+            self._texts.append(text)
+
+    def since(self, told: int) -> list[tuple[int, str]]:
+        """The notices after number ``told``, as (number, text)."""
+        with self._lock:
+            return [(n, text) for n, text in enumerate(self._texts, 1) if n > told]

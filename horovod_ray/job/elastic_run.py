@@ -32,7 +32,7 @@ from horovod_ray.job.demand import AutoscalerRequest
 from horovod_ray.job.discovery import NodeDiscovery, addresses_with_room, staying
 from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.job.lifecycle import RUN_TRANSITIONS, Lifecycle, RunState
-from horovod_ray.rank import logs, network, preemption, priority
+from horovod_ray.rank import logs, network, priority
 from horovod_ray.rank.assignment import RankInfo, membership_change
 from horovod_ray.rank.network import NodeFacts
 from horovod_ray.rendezvous.server import RendezvousServer
@@ -94,9 +94,7 @@ class ElasticRun:
         self._server: RendezvousServer | None = None
         self._call: tuple[ray.ObjectRef, bytes | None] | None = None
         self._discovery: NodeDiscovery | None = None
-        # The preemption notices so far, and each draining node's ranks and deadline.
-        self._notices: list[str] = []
-        self._noticed: dict[str, tuple[list[int], int | None]] = {}
+        self._notices = draining.Notices()  # for get_preemption_info()
         self._local = True
         self._common_env: dict[str, str] = {}
 
@@ -355,47 +353,27 @@ class ElasticRun:
         return logs.collect(actor, [ref], lambda item: self._events.put((False, item)), 1, check)[0]
 
     def _telling(self, actor: Any, check: Callable[[], None]) -> Callable[[], None]:
-        """``check``, which also hands the rank every preemption notice it has not had (a
-        node holding ranks drains: ``get_preemption_info()``); the rank leaves with its
-        node at a ``commit()`` all the same, so the notice only informs."""
+        """``check``, which also hands the rank every preemption notice it has not had."""
         told = 0
 
         def check_and_tell() -> None:
             nonlocal told
             check()
-            notices = self._notices_now()
-            if len(notices) > told:
-                refs = [
-                    actor.preempt.remote(n, notices[n - 1])
-                    for n in range(told + 1, len(notices) + 1)
-                ]
-                told = len(notices)
-                ray.wait(refs, num_returns=len(refs), timeout=draining.TELL_WAIT_S)
-                for ref in refs:
-                    probe.error_of(ref)  # a rank that died is the driver's to find
+            notices = self._notices.since(told)
+            if notices:
+                told = notices[-1][0]
+                draining.tell([actor], notices)
 
         return check_and_tell
 
-    def _notices_now(self) -> list[str]:
-        """Every preemption notice of the run so far, numbered from 1."""
-        with self._lock:
-            return list(self._notices)
-
     def _on_leaving(self, node_id: str, deadline_ms: int | None) -> None:
         """The discovery saw a node the job used drain, before horovod's driver re-forms
-        the world without it: a notice naming every draining node so far with its ranks
-        in the world now (none: an idle node, no notice), written once for every slot."""
+        the world without it: a notice with its ranks in the world now."""
         with self._lock:
             world = self._outcome.worlds[-1] if self._outcome.worlds else []
-            ranks = [rank.world_rank for rank in world if rank.node_id == node_id]
-            if not ranks:
-                return
-            self._noticed[node_id] = (ranks, deadline_ms)
-            deadlines = [d for _, d in self._noticed.values() if d is not None]
-            node_ranks = {node: r for node, (r, _) in self._noticed.items()}
-            number = len(self._notices) + 1
-            text = preemption.notice(number, min(deadlines, default=None), node_ranks, False)
-            self._notices.append(text)
+        self._notices.add(
+            node_id, [r.world_rank for r in world if r.node_id == node_id], deadline_ms
+        )
 
     def _checker(self, events: Sequence[threading.Event]) -> Callable[[], None]:
         """What a slot's waits call: raises once the driver or stop() lets the slot go."""

@@ -218,3 +218,19 @@ def test_the_wait_ends_at_the_deadline(grace, caplog):
     with pytest.raises(draining.LeavingError):
         job.check()
     assert "committed no checkpoint reported after it in time" in caplog.text
+
+
+def test_an_elastic_runs_notices_name_every_draining_node_that_held_ranks():
+    notices = draining.Notices()
+    notices.add("idle", [], 1_000)  # held no rank: no notice
+    assert notices.since(0) == []
+    notices.add("a", [2], 2_000)
+    notices.add("b", [0, 1], None)
+    (first, second) = notices.since(0)
+    assert [first[0], second[0]] == [1, 2] and notices.since(1) == [second]
+    assert json.loads(second[1]) == {
+        "version": 2,
+        "deadline_ms": 2_000,
+        "nodes": {"a": [2], "b": [0, 1]},
+        "restart": False,
+    }

@@ -110,7 +110,7 @@ HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
 .PHONY: install horovod-wheel wheels test test-suite test-2023 test-subset test-gpu-line test-gpu \
-	test-bench test-deploy prometheus demo docs lint \
+	test-bench test-deploy test-image image print-image prometheus demo docs lint \
 	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
@@ -170,7 +170,29 @@ wheels: install
 	$(PIP) wheel --quiet --no-deps --no-build-isolation -w $(WHEELHOUSE) .
 	$(PIP) download --quiet --only-binary=:all: -c $(CONSTRAINTS) --find-links $(WHEELHOUSE) \
 		-d $(WHEELHOUSE) "$$(ls $(WHEELHOUSE)/horovod_ray-*.whl)[$(WHEEL_EXTRAS)]"
-	@echo "wheelhouse: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE) | wc -l) wheels)"
+	$(PY) -m horovod_ray.stack.wheelhouse pins $(WHEELHOUSE)  # last: the wheelhouse is whole
+	@echo "wheelhouse: $(WHEELHOUSE) ($$(ls $(WHEELHOUSE)/*.whl | wc -l) wheels)"
+
+# The container image (docs/deploying.rst): Ray's own image with the line's wheelhouse
+# installed at its pins (deploy/Dockerfile), built by podman or docker, whichever is here
+# first (CONTAINER=...), from the wheelhouse that is there when it is whole (`make wheels`
+# makes it, and remakes it after a change to what goes in). CONTAINER_FLAGS: more flags
+# for the build.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' horovod_ray/__version__.py)
+RAY_VERSION := $(shell sed -n 's/^ray==//p' $(CONSTRAINTS))
+IMAGE ?= horovod-ray:$(VERSION)-$(LINE)
+BASE_IMAGE ?= rayproject/ray:$(RAY_VERSION)-py311$(if $(filter 0,$(GPU)),,-gpu)
+CONTAINER ?= $(firstword $(shell command -v podman docker))
+CONTAINER_FLAGS ?=
+image:
+	test -f $(WHEELHOUSE)/constraints.txt || $(MAKE) --no-print-directory TF=$(TF) GPU=$(GPU) wheels
+	$(if $(CONTAINER),,$(error no container builder: install podman or docker, or give CONTAINER=))
+	$(CONTAINER) build $(CONTAINER_FLAGS) -f deploy/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+		--build-arg EXTRAS=$(WHEEL_EXTRAS) --build-arg CHECK_FLAGS="$(CHECK_FLAGS)" \
+		-t $(IMAGE) $(WHEELHOUSE)
+
+print-image:
+	@echo IMAGE=$(IMAGE) BASE_IMAGE=$(BASE_IMAGE) WHEELHOUSE=$(WHEELHOUSE)
 
 $(STAMP): $(HOROVOD_STAMP) setup.py
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(TF_EXTRA),tune,test,examples,bench]'
@@ -193,7 +215,8 @@ endif
 # test that starts Ray).
 test-suite: install prometheus
 	$(PY) -m pytest $(PYTEST_ARGS) -m unit test
-	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py --ignore=test/deploy test
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py \
+		--ignore=test/deploy/test_wheelhouse.py --ignore=test/deploy/test_image.py test
 
 # The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic (unit),
 # horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node
@@ -232,10 +255,26 @@ test-bench: install
 # into the wheelhouse (setup.py, the constraints, the patches).
 ifeq ($(LINE),tf2.21)
 test-deploy: wheels
-	HOROVOD_RAY_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest $(PYTEST_ARGS) test/deploy
+	HOROVOD_RAY_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest $(PYTEST_ARGS) \
+		test/deploy/test_wheelhouse.py
 else
 test-deploy:
 	$(error test-deploy checks the default line's wheelhouse (its TensorFlow and PyTorch jobs): leave TF and GPU out)
+endif
+
+# The image built and run here (test/deploy/test_image.py, minutes): `make image` on a
+# stand-in for Ray's image made from Debian's packages (no registry is reachable to pull
+# Ray's), then the KubeRay RayJob's cluster and entrypoint in a container. Needs root, and
+# installs Debian's podman, runc and debootstrap when they are missing. Not in `make test`.
+ifeq ($(LINE),tf2.21)
+test-image: wheels
+	command -v podman && command -v runc && command -v debootstrap || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; }
+	HOROVOD_RAY_WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest $(PYTEST_ARGS) \
+		test/deploy/test_image.py
+else
+test-image:
+	$(error test-image runs the default line's image (the RayJob's PyTorch job): leave TF and GPU out)
 endif
 
 # Debian's Prometheus, which test/observe starts with a config of its own to scrape a real

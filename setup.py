@@ -51,6 +51,8 @@ setup(
             "docutils",
             "psutil>=6",
             "moto[s3,server]>=5.2,<6",
+            # The Kubernetes models that deploy/kuberay's pod templates are checked against.
+            "kubernetes>=31",
         ],
         "examples": ["scikit-learn"],
         "bench": ["matplotlib"],

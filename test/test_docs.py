@@ -297,6 +297,11 @@ def test_every_shell_block_is_run_by_a_test_or_by_make():
         "make install  ",
         "ray drain-node ",  # by test/job/test_multinode.py, on its cluster
         "make wheels\n",  # and the rest by test/deploy (make test-deploy)
+        "make image\n",  # by test/deploy/test_image.py (make test-image), but the push
+        # Not run here (no Kubernetes, no cloud): test/deploy/test_manifests.py checks the
+        # manifests they apply and runs their jobs' commands on a local Ray cluster.
+        "kubectl apply -f deploy/kuberay/rayjob.yaml\n",
+        "ray up deploy/cluster-launcher/aws.yaml\n",
     )
     for block in doc_blocks("bash"):
         assert block.startswith(known), block

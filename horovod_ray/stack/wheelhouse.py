@@ -1,5 +1,8 @@
 """``python -m horovod_ray.stack.wheelhouse retag WHEEL --key KEY --out DIR``: the patched
 horovod's wheel as ``make wheels`` puts it in a wheelhouse (docs/deploying.rst).
+``python -m horovod_ray.stack.wheelhouse pins DIR``: the wheelhouse's ``constraints.txt``,
+every wheel's exact version, which an install onto an image that already has packages
+(Ray's) takes with ``-c``, so that it gets the versions the line was tested with.
 
 ``make install`` builds horovod 0.28.1 from source with this repository's patches, against
 the line's TensorFlow and PyTorch; its wheel says ``0.28.1`` like the stock release. In a
@@ -115,6 +118,23 @@ def _record(record: str, folders: Mapping[str, str], metadata: bytes) -> bytes:
     return lines.getvalue().encode()
 
 
+PINS_FILE = "constraints.txt"
+
+
+def pins(wheel_names: list[str]) -> str:
+    """``name==version`` of each wheel, one a line, sorted: pip's constraints. Pure.
+
+    Example: ``["torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]`` gives
+    ``"torch==2.13.0+cpu\n"``.
+    """
+    lines = set()
+    for name in wheel_names:
+        if name.endswith(".whl"):
+            project, version = name.split("-")[:2]
+            lines.add(f"{re.sub(r'[-_.]+', '-', project).lower()}=={version}")
+    return "".join(f"{line}\n" for line in sorted(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m horovod_ray.stack.wheelhouse")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     tag.add_argument("wheel", type=Path)
     tag.add_argument("--key", required=True, help="the build's key (the Makefile's HOROVOD_KEY)")
     tag.add_argument("--out", type=Path, required=True)
+    pinned = commands.add_parser("pins", help=f"write the wheelhouse's {PINS_FILE}")
+    pinned.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "pins":
+        names = sorted(path.name for path in args.folder.iterdir())
+        (args.folder / PINS_FILE).write_text(pins(names))
+        return 0
     label = local_label(args.key, installed_frameworks())
     print(retag(args.wheel, label, args.out))
     return 0

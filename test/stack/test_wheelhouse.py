@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from horovod_ray.stack.check_install import build_line
-from horovod_ray.stack.wheelhouse import is_patched, local_label, retag
+from horovod_ray.stack.wheelhouse import is_patched, local_label, pins, retag
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +110,17 @@ def test_the_install_check_names_the_build(version, patched, said):
     assert said in line
     if not patched:  # with the fix
         assert "--find-links WHEELHOUSE" in line and "make install" in line
+
+
+def test_pins_are_each_wheels_exact_version():
+    names = [
+        "horovod-0.28.1+hr97154199.tf221.torch213-cp311-cp311-linux_x86_64.whl",
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "Typing_Extensions-4.15.0-py3-none-any.whl",
+        "constraints.txt",
+    ]
+    assert pins(names) == (
+        "horovod==0.28.1+hr97154199.tf221.torch213\n"
+        "torch==2.13.0+cpu\n"
+        "typing-extensions==4.15.0\n"
+    )

@@ -41,13 +41,13 @@ def _collectives(framework: str):
 def _wait_committed(step: int, timeout_s: float = 60) -> None:
     """Waits until the run's storage holds the checkpoint of ``step`` steps (none to wait
     for under Tune, whose reports are not this package's uploads)."""
-    from horovod_ray.checkpoints import store
+    from horovod_ray.checkpoints import choices, store
     from horovod_ray.checkpoints.spec import RunStorage
 
     storage = RunStorage.from_env()
     deadline = time.monotonic() + timeout_s
     while storage is not None and time.monotonic() < deadline:
-        newest = store.latest(store.list_entries(storage))
+        newest = choices.latest(store.list_entries(storage))
         if newest is not None and newest.metrics.get("step") == step:
             return
         time.sleep(0.05)

@@ -37,13 +37,20 @@ def _options(storage_path: str) -> dict:
         2: {"checkpoint_upload_mode": CheckpointUploadMode.SYNC},  # kept
         3: {"delete_local_checkpoint_after_upload": True},
         4: {"checkpoint_upload_fn": upload, "checkpoint_upload_mode": CheckpointUploadMode.SYNC},
-        5: {"checkpoint_upload_mode": CheckpointUploadMode.ASYNC},  # still uploading below
+        5: {"checkpoint_upload_mode": CheckpointUploadMode.ASYNC},
+        6: {"checkpoint_dir_name": f"epoch_6_rank_{hvd.rank()}"},  # still uploading below
+        # Rank 0 writes it in the run's folder itself; the others report none.
+        7: {"checkpoint_upload_mode": CheckpointUploadMode.NO_UPLOAD},
     }
+    storage = horovod_ray.get_context().get_storage()
     folders = {}
     for step, options in steps.items():
-        folders[step] = tempfile.mkdtemp()
-        Path(folders[step], "step").write_text(str(step))
-        checkpoint = Checkpoint.from_directory(folders[step])
+        folders[step] = tempfile.mkdtemp() if step != 7 else f"{storage.run_path}/in_place"
+        checkpoint = None
+        if step != 7 or hvd.rank() == 0:
+            os.makedirs(folders[step], exist_ok=True)
+            Path(folders[step], "step").write_text(str(step))
+            checkpoint = Checkpoint.from_directory(folders[step])
         horovod_ray.report({"step": step}, checkpoint=checkpoint, **options)
     # Rank 0 waits here for its uploads so far; the others wait for rank 0.
     reported = horovod_ray.get_all_reported_checkpoints() if hvd.rank() == 0 else None
@@ -54,6 +61,7 @@ def _options(storage_path: str) -> dict:
         (r.metrics["step"], Path(r.checkpoint.path, "step").read_text(), r.status.value)
         for r in reported
     ]
+    seen["folders"] = [os.path.basename(r.checkpoint.path) for r in reported]
     seen["uploaded_by"] = Path(reported[3].checkpoint.path, "uploaded_by").read_text()
     return seen
 
@@ -62,10 +70,17 @@ def test_reports_options_have_ray_trains_meaning(ray_4cpu, tmp_path):
     rank0, rank1 = horovod_ray.run(
         _options, args=[str(tmp_path)], num_slots=2, storage_path=str(tmp_path), name="opts"
     )
-    # Deleted once committed: ASYNC (Ray's default for it) and True; kept with SYNC.
-    assert rank0["kept"] == [False, True, False, True, False]
+    # Deleted once committed: ASYNC (Ray's default for it) and True; kept with SYNC
+    # (and the default, for step 6), and where it was written with NO_UPLOAD.
+    assert rank0["kept"] == [False, True, False, True, False, True, True]
     assert rank0["upload_fn_from"] == ["step"]
-    assert rank0["reported"] == [(s, str(s), "COMMITTED") for s in (1, 2, 3, 4, 5)]
+    assert rank0["reported"] == [(s, str(s), "COMMITTED") for s in range(1, 8)]
+    assert rank0["folders"] == [f"checkpoint_00000{s}" for s in range(1, 6)] + [
+        "epoch_6_rank_0", "in_place",
+    ]  # fmt: skip
+    assert sorted(os.listdir(tmp_path / "opts"))[-3:] == [
+        "epoch_6_rank_0", "in_place", "metrics.json",
+    ]  # fmt: skip
     assert rank0["uploaded_by"] == "upload_fn"
     assert rank1["reported"] == rank0["reported"]
     # Another rank's checkpoint is dropped: deleted at once where asked, as Ray's are.
@@ -100,22 +115,23 @@ def test_a_folder_in_the_runs_storage_is_never_deleted(tmp_path):
     from ray.train import Checkpoint
 
     from horovod_ray.checkpoints import spec
-    from horovod_ray.rank import report
+    from horovod_ray.rank import report_options
 
     storage = spec.create(str(tmp_path), "run")
     inside = tmp_path / "run" / "checkpoint_000001"
     inside.mkdir(parents=True)
     for folder in (inside, tmp_path):  # in the run, or holding it
         with pytest.raises(ConfigError) as raised:
-            report._outside_the_run(Checkpoint.from_directory(str(folder)), storage)
+            report_options.outside_the_run(Checkpoint.from_directory(str(folder)), storage)
         assert raised.value.parameter == "delete_local_checkpoint_after_upload"
-    report._outside_the_run(Checkpoint.from_directory(str(tmp_path / "run2")), storage)
+    report_options.outside_the_run(Checkpoint.from_directory(str(tmp_path / "run2")), storage)
 
 
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "option",
     [
+        {"checkpoint_dir_name": "epoch_1"},
         {"checkpoint_upload_mode": "SYNC"},
         {"delete_local_checkpoint_after_upload": False},
         {"checkpoint_upload_fn": lambda checkpoint, destination: checkpoint},

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from horovod_ray.checkpoints import spec, store
+from horovod_ray.checkpoints import choices, spec, store
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError, ConfigError
 
@@ -87,16 +87,16 @@ class Result:
         storage = _storage_at(path, storage_filesystem)
         _require_folder(storage, path)
         entries = store.list_entries(storage)
-        record = store.read_json(storage, store.METRICS_FILE)
+        record = store.read_json(storage, choices.METRICS_FILE)
         metrics = record.get("metrics", {}) if isinstance(record, dict) else {}
-        newest = store.latest(entries)
+        newest = choices.latest(entries)
         return cls(
             path=storage.run_path,
             filesystem=storage.filesystem,
             metrics=metrics,
-            checkpoint=None if newest is None else store.as_checkpoint(storage, newest.index),
+            checkpoint=None if newest is None else store.as_checkpoint(storage, newest),
             best_checkpoints=[
-                (store.as_checkpoint(storage, entry.index), entry.metrics)
+                (store.as_checkpoint(storage, entry), entry.metrics)
                 for entry in entries
                 if entry.committed
             ],

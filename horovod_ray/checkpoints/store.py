@@ -4,29 +4,46 @@ Layout, under ``storage_path/name``::
 
     checkpoint_000003/        the files rank 0 reported (as they were)
     checkpoint_000003.json    the commit marker: written last, holds the metrics
+    epoch_7/                  checkpoint 4, in the folder report(checkpoint_dir_name=...) named
+    checkpoint_000004.json    its marker, which names its folder
     metrics.json              the last metrics reported, with or without a checkpoint
 
-A checkpoint folder without its marker is an upload that did not finish (the job failed
-during it): it is never taken as the latest, and the next commit removes it. The JSON
+Checkpoints are numbered in the order they are committed, whatever their folders' names;
+a marker names its folder when that is not ``checkpoint_`` and the number. A checkpoint
+folder without its marker is an upload that did not finish (the job failed during it):
+it is never taken as the latest, and the next commit removes it. A named folder is
+uploaded after a marker without metrics (not committed) that names it, so that an upload
+cut off there is found and removed as well. The JSON
 files are written under a temporary name and moved into place, so a reader never sees
 half of one (a marker that cannot be read anyway counts as missing). Removing a
 checkpoint removes the marker first, so a half-removed one is no longer taken either.
 The choices (latest, next number, what to remove) are pure functions over
-:class:`Entry` records.
+:class:`Entry` records, in ``entries``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
-from horovod_ray.checkpoints.metrics import encoded, flatten
+from horovod_ray.checkpoints.choices import (
+    METRICS_FILE,
+    PARTIAL_SUFFIX,
+    Entry,
+    dir_name_problem,
+    folder_name,
+    index_of,
+    latest,
+    next_index,
+    parse_name,
+    stale_partials,
+    to_remove,
+)
+from horovod_ray.checkpoints.metrics import encoded
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError
 
@@ -44,99 +61,18 @@ def storage_errors() -> tuple[type[BaseException], ...]:
     return (OSError, pyarrow.ArrowException)
 
 
-_NAME = re.compile(r"^checkpoint_(\d{6,})(\.json)?$")
-METRICS_FILE = "metrics.json"
-# A JSON file being written: its name, a random part, this suffix (see _write_json).
-PARTIAL_SUFFIX = ".partial"
+def index_at(storage: RunStorage, path: str | None) -> int | None:
+    """The number of the run's checkpoint at ``path``, a numbered folder or a named one
+    (read from the markers), or None.
 
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One checkpoint number found in a run's folder.
-
-    Attributes:
-        index: Its number (``checkpoint_000003``: 3).
-        committed: Its marker is there: the upload finished.
-        metrics: The metrics reported with it (from the marker; {} when not committed).
+    Raises:
+        CheckpointError: The storage could not be read.
     """
-
-    index: int
-    committed: bool
-    metrics: dict = dataclasses.field(default_factory=dict)
-
-
-def folder_name(index: int) -> str:
-    return f"checkpoint_{index:06d}"
-
-
-def index_of(path: str | None) -> int | None:
-    """The number of the checkpoint at ``path`` (a run's ``checkpoint_000003``), or None."""
-    match = _NAME.match((path or "").rstrip("/").rpartition("/")[2])
-    return None if match is None or match.group(2) else int(match.group(1))
-
-
-# ------------------------------------------------------------------------ pure choices
-
-
-def latest(entries: Iterable[Entry]) -> Entry | None:
-    """The committed checkpoint with the highest number: the one to resume from."""
-    committed = [entry for entry in entries if entry.committed]
-    return max(committed, key=lambda entry: entry.index, default=None)
-
-
-def next_index(entries: Iterable[Entry]) -> int:
-    """The number for the next checkpoint: past every folder there, finished or not."""
-    return max((entry.index for entry in entries), default=0) + 1
-
-
-def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[Entry]:
-    """Committed checkpoints best first: by ``attribute`` (``order`` "max" or "min"; ones
-    without that metric, or with a value that is not a number, last), else newest first.
-    A nested metric is named by its path joined with "/" (``"val/loss"``), as Ray Train
-    flattens them."""
-    committed = [entry for entry in entries if entry.committed]
-    if attribute is None:
-        return sorted(committed, key=lambda entry: -entry.index)
-
-    def key(entry: Entry) -> tuple[int, float, int]:
-        value = flatten(entry.metrics).get(attribute)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-            return (1, 0.0, -entry.index)
-        return (0, -value if order == "max" else value, -entry.index)
-
-    return sorted(committed, key=key)
-
-
-def to_remove(
-    entries: Iterable[Entry],
-    num_to_keep: int | None,
-    attribute: str | None,
-    order: str,
-    stale_below: int,
-    protected: int | None = None,
-) -> list[int]:
-    """Which checkpoint numbers to remove after a commit, or once a job has ended.
-
-    Kept: the ``num_to_keep`` best, the latest whatever its score (a restart resumes
-    from it, as Ray Train keeps it), and ``protected`` (the one the job started from,
-    which its ranks may still read). Removed too: unfinished folders numbered below
-    ``stale_below`` (uploads of earlier jobs, cut off when they failed; one numbered
-    higher may be an upload still under way).
-
-    Example: numbers 1..4 committed with loss 0.5, 0.2, 0.9, 0.7, num_to_keep 2, "loss"
-    by "min": 2 and 1 are the best, 4 is the latest, so 3 goes.
-    """
-    entries = list(entries)
-    removed = [e.index for e in entries if not e.committed and e.index < stale_below]
-    if num_to_keep is None:
-        return removed
-    best = ranked(entries, attribute, order)
-    keep = {entry.index for entry in best[:num_to_keep]}
-    newest = latest(entries)
-    if newest is not None:
-        keep.add(newest.index)
-    keep.add(protected)
-    return removed + sorted(entry.index for entry in best if entry.index not in keep)
+    if not path or index_of(path) is not None:
+        return index_of(path)
+    path = path.rstrip("/")
+    found = (e.index for e in list_entries(storage) if checkpoint_path(storage, e) == path)
+    return next(found, None)
 
 
 # ------------------------------------------------------------------- the filesystem
@@ -175,19 +111,24 @@ def list_entries(
     infos = _listing(storage) if infos is None else infos
     folders, markers = set(), set()
     for info in infos:
-        match = _NAME.match(info.base_name)
-        if match is None:
+        parsed = parse_name(info.base_name)
+        if parsed is None:
             continue
-        index = int(match.group(1))
-        if match.group(2) and info.type == pyarrow.fs.FileType.File:
+        index, is_marker = parsed
+        if is_marker and info.type == pyarrow.fs.FileType.File:
             markers.add(index)
-        elif not match.group(2) and info.type == pyarrow.fs.FileType.Directory:
+        elif not is_marker and info.type == pyarrow.fs.FileType.Directory:
             folders.add(index)
     entries = []
     for index in sorted(folders | markers):
         marker = read_json(storage, f"{folder_name(index)}.json") if index in markers else None
-        committed = isinstance(marker, dict) and isinstance(marker.get("metrics"), dict)
-        entries.append(Entry(index, committed, marker["metrics"] if committed else {}))
+        marker = marker if isinstance(marker, dict) else {}
+        committed = isinstance(marker.get("metrics"), dict)
+        named = marker.get("folder")
+        named = named if dir_name_problem(named) is None else None
+        if named is not None and index in folders:
+            named = None  # a numbered folder is its own; a marker cannot move it elsewhere
+        entries.append(Entry(index, committed, marker["metrics"] if committed else {}, named))
     return entries
 
 
@@ -226,20 +167,27 @@ def _write_json(storage: RunStorage, name: str, text: bytes) -> None:
         raise
 
 
-def checkpoint_path(storage: RunStorage, index: int) -> str:
-    return f"{storage.run_path}/{folder_name(index)}"
+def checkpoint_path(storage: RunStorage, entry: Entry) -> str:
+    return f"{storage.run_path}/{entry.folder}"
+
+
+def _marker_path(storage: RunStorage, index: int) -> str:
+    return f"{storage.run_path}/{folder_name(index)}.json"
 
 
 def commit(
     storage: RunStorage,
-    local_dir: str,
+    local_dir: str | None,
     metrics: dict,
     protected: int | None = None,
     stale_below: int = 1,
     upload_fn: Any = None,
+    dir_name: str | None = None,
 ) -> int:
     """Uploads ``local_dir`` as the run's next checkpoint, then writes its marker, then
-    removes what the run no longer keeps (see :func:`to_remove`).
+    removes what the run no longer keeps (see :func:`to_remove`). With ``dir_name``, in
+    that folder of the run's; with ``local_dir`` None too, the checkpoint is already
+    there (``NO_UPLOAD``): only its marker is written.
 
     The number is chosen now, past every folder there, so that a restarted job or a new
     driver never writes into an earlier one. Two processes committing at the same moment
@@ -254,39 +202,88 @@ def commit(
         stale_below: The job's first number (see :func:`to_remove`).
         upload_fn: ``report(checkpoint_upload_fn=...)``: called with the staged
             checkpoint and its destination folder instead of pyarrow's copy.
+        dir_name: ``report(checkpoint_dir_name=...)``: the checkpoint's folder in the
+            run's (see :func:`dir_name_problem`).
 
     Returns:
         The checkpoint's number.
 
     Raises:
         CheckpointError: A read or write failed; what was there before stays as it was
-            (a half-uploaded folder has no marker). Removing what is no longer kept is
-            not part of the commit: a failure there is logged.
+            (a half-uploaded folder has no marker). ``dir_name`` is another committed
+            checkpoint's folder, or (``local_dir`` None) not a folder in the run's.
+            Removing what is no longer kept is not part of the commit: a failure there is
+            logged.
     """
-    import pyarrow.fs
-
     entries = list_entries(storage)
     index = next_index(entries)
-    fs, destination = storage.filesystem, checkpoint_path(storage, index)
+    entry = Entry(index, True, metrics, dir_name)
+    destination = checkpoint_path(storage, entry)
     # Encoded before anything is uploaded: metrics that cannot be stored fail here, not
     # after the files, where they would leave a folder without its marker.
-    marker = encoded({"index": index, "metrics": metrics, "time": time.time()})
+    fields = {"index": index, "metrics": metrics, "time": time.time()}
+    marker = encoded(fields if dir_name is None else {**fields, "folder": dir_name})
+    if dir_name is not None:
+        _make_room(storage, entries, dir_name, keep_folder=local_dir is None)
     try:
-        if upload_fn is None:
-            fs.create_dir(destination, recursive=True)
-            pyarrow.fs.copy_files(
-                local_dir,
-                destination,
-                source_filesystem=pyarrow.fs.LocalFileSystem(),
-                destination_filesystem=fs,
-            )
+        if local_dir is None:
+            _check_in_place(storage, destination)
         else:
-            _upload_with(upload_fn, local_dir, destination)
+            if dir_name is not None:  # so that an upload cut off is found, and removed
+                storage.filesystem.create_dir(storage.run_path, recursive=True)
+                pending = {"index": index, "folder": dir_name, "time": time.time()}
+                _write_json(storage, f"{folder_name(index)}.json", encoded(pending))
+            _upload(local_dir, storage, destination, upload_fn)
         _write_json(storage, f"{folder_name(index)}.json", marker)
     except storage_errors() as err:
         raise _failed("upload checkpoint to", destination, err) from err
     _remove_unkept(storage, stale_below, protected)
     return index
+
+
+def _upload(local_dir: str, storage: RunStorage, destination: str, upload_fn: Any) -> None:
+    import pyarrow.fs
+
+    if upload_fn is not None:
+        _upload_with(upload_fn, local_dir, destination)
+        return
+    storage.filesystem.create_dir(destination, recursive=True)
+    pyarrow.fs.copy_files(
+        local_dir,
+        destination,
+        source_filesystem=pyarrow.fs.LocalFileSystem(),
+        destination_filesystem=storage.filesystem,
+    )
+
+
+def _check_in_place(storage: RunStorage, destination: str) -> None:
+    import pyarrow.fs
+
+    if storage.filesystem.get_file_info(destination).type != pyarrow.fs.FileType.Directory:
+        raise CheckpointError(
+            f"a NO_UPLOAD checkpoint must already be a folder in the run's: {destination} "
+            f"is not one"
+        )
+
+
+def _make_room(storage: RunStorage, entries: list[Entry], dir_name: str, keep_folder: bool) -> None:
+    """Before a checkpoint goes into the folder ``dir_name``: an unfinished upload to it
+    (an earlier job's, cut off) is removed, its folder too unless ``keep_folder`` (a
+    ``NO_UPLOAD`` checkpoint's own files are there).
+
+    Raises:
+        CheckpointError: A committed checkpoint is in that folder.
+    """
+    for entry in entries:
+        if entry.folder != dir_name:
+            continue
+        if entry.committed:
+            raise CheckpointError(
+                f"checkpoint_dir_name {dir_name!r} is checkpoint {entry.index}'s folder in "
+                f"{storage.run_path}: give each checkpoint a name of its own (e.g. with its "
+                f"epoch)"
+            )
+        remove(storage, entry, with_folder=not keep_folder)
 
 
 def _upload_with(upload_fn: Any, local_dir: str, destination: str) -> None:
@@ -325,6 +322,7 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
         infos = _listing(storage)  # once: a listing is a request to a cloud storage
         entries = list_entries(storage, infos)
         below = next_index(entries) if stale_below is None else stale_below
+        by_index = {entry.index: entry for entry in entries}
         for index in to_remove(
             entries,
             storage.num_to_keep,
@@ -333,37 +331,13 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
             below,
             protected,
         ):
-            remove(storage, index)
+            remove(storage, by_index[index])
         names = [info.base_name for info in infos]
         for name in stale_partials(names, stale_below):
             with contextlib.suppress(FileNotFoundError):
                 storage.filesystem.delete_file(f"{storage.run_path}/{name}")
     except Exception as err:  # noqa: BLE001 - any filesystem's error, see above
         logger.warning("the run's old checkpoints were not removed: %s", err)
-
-
-def stale_partials(names: Iterable[str], stale_below: int | None) -> list[str]:
-    """Which of a run folder's ``names`` are JSON files a process left half-written (it
-    was killed while writing one: see :func:`_write_json`).
-
-    While a job runs (``stale_below`` its first number), only markers of checkpoints
-    numbered below it: any other may be this job's, still being written. Once the job
-    has ended (``stale_below`` None), every one.
-
-    Example: with ``stale_below`` 4, ``checkpoint_000002.json.ab12.partial`` goes;
-    ``checkpoint_000005.json.cd34.partial`` and ``metrics.json.ef56.partial`` stay.
-    """
-    stale = []
-    for name in names:
-        if not name.endswith(PARTIAL_SUFFIX):
-            continue
-        target = name[: -len(PARTIAL_SUFFIX)].rpartition(".")[0]  # less the random part
-        match = _NAME.match(target)
-        if target != METRICS_FILE and (match is None or not match.group(2)):
-            continue  # not a name _write_json makes: not ours
-        if stale_below is None or (match is not None and int(match.group(1)) < stale_below):
-            stale.append(name)
-    return stale
 
 
 def write_metrics(storage: RunStorage, metrics: dict) -> None:
@@ -375,15 +349,19 @@ def write_metrics(storage: RunStorage, metrics: dict) -> None:
         raise _failed("write", f"{storage.run_path}/{METRICS_FILE}", err) from err
 
 
-def remove(storage: RunStorage, index: int) -> None:
-    """Removes checkpoint ``index``: its marker first, so it stops counting at once."""
-    fs, path = storage.filesystem, checkpoint_path(storage, index)
+def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
+    """Removes a checkpoint: its marker first, so it stops counting at once, then its
+    folder (unless not ``with_folder``)."""
+    fs, path = storage.filesystem, checkpoint_path(storage, entry)
+    marker = _marker_path(storage, entry.index)
     try:
-        fs.delete_file(f"{path}.json")
+        fs.delete_file(marker)
     except FileNotFoundError:
         pass
     except storage_errors() as err:
-        raise _failed("remove", f"{path}.json", err) from err
+        raise _failed("remove", marker, err) from err
+    if not with_folder:
+        return
     try:
         fs.delete_dir(path)
     except FileNotFoundError:
@@ -407,13 +385,13 @@ def job_env(storage: RunStorage) -> dict[str, str]:
     if newest is None:
         logger.info("checkpoints go to %s (none there yet)", storage.run_path)
         return storage.to_env(None, next_index(entries))
-    path = checkpoint_path(storage, newest.index)
+    path = checkpoint_path(storage, newest)
     logger.info("checkpoints go to %s; the job resumes from %s", storage.run_path, path)
     return storage.to_env(path, next_index(entries))
 
 
-def as_checkpoint(storage: RunStorage, index: int) -> Any:
-    """Checkpoint ``index`` as a ``ray.train.Checkpoint`` on the run's filesystem."""
+def as_checkpoint(storage: RunStorage, entry: Entry) -> Any:
+    """A checkpoint of the run's as a ``ray.train.Checkpoint`` on its filesystem."""
     from ray.train import Checkpoint  # here: ray.train takes seconds to import
 
-    return Checkpoint(checkpoint_path(storage, index), filesystem=storage.filesystem)
+    return Checkpoint(checkpoint_path(storage, entry), filesystem=storage.filesystem)

@@ -46,7 +46,7 @@ class Uploader:
         protected: A checkpoint number the keep policy must not remove (the one this job
             started from, which its ranks may still be reading).
         stale_below: The first number free when the job started: an unfinished folder
-            below it is an earlier job's cut-off upload (see ``store.to_remove``).
+            below it is an earlier job's cut-off upload (see ``choices.to_remove``).
         watch: Told of each upload (``upload_done(seconds, size)``), of the queue
             (``upload_queue(waiting)``) and of failures (``upload_failures(count)``): the
             rank's metrics (``rank.metrics``); None tells no one.
@@ -86,11 +86,20 @@ class Uploader:
         self._thread.start()
 
     def submit(
-        self, metrics: dict, checkpoint: Any, upload_fn: Any = None, delete_after: bool = False
+        self,
+        metrics: dict,
+        checkpoint: Any,
+        upload_fn: Any = None,
+        delete_after: bool = False,
+        dir_name: str | None = None,
+        in_place: bool = False,
     ) -> None:
         """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload (by
-        ``upload_fn(checkpoint, destination)`` when given: see ``report``); with
-        ``delete_after``, its own folder is removed once the checkpoint is committed.
+        ``upload_fn(checkpoint, destination)`` when given: see ``report``), into the
+        run's folder ``dir_name`` when given; with ``delete_after``, its own folder is
+        removed once the checkpoint is committed. ``in_place``: the checkpoint is the
+        run's folder ``dir_name`` already (``NO_UPLOAD``): nothing is staged or copied,
+        its commit only writes its marker (in turn with the uploads before it).
 
         Raises:
             ConfigError: ``metrics`` cannot be stored.
@@ -102,9 +111,10 @@ class Uploader:
         self._slots.acquire()  # released once its upload is done
         staging = None
         try:
-            staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
-            with checkpoint.as_directory() as directory:
-                shutil.copytree(directory, staging, dirs_exist_ok=True)
+            if not in_place:
+                staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
+                with checkpoint.as_directory() as directory:
+                    shutil.copytree(directory, staging, dirs_exist_ok=True)
         except BaseException:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -116,7 +126,7 @@ class Uploader:
             self._staged += 1
             self._watch.upload_queue(self._staged)
         source = checkpoint.path if delete_after else None
-        self._queue.put((sequence, staging, metrics, upload_fn, source))
+        self._queue.put((sequence, staging, metrics, upload_fn, source, dir_name))
 
     def submit_metrics(self, metrics: dict) -> None:
         """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one.
@@ -214,10 +224,11 @@ class Uploader:
                     self._write_metrics(sequence, metrics)
                     self._handle(sequence)
                     continue
-                sequence, staging, metrics, upload_fn, source = item
+                sequence, staging, metrics, upload_fn, source, dir_name = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
-                        size, began = _folder_bytes(staging), time.perf_counter()
+                        size = 0 if staging is None else _folder_bytes(staging)
+                        began = time.perf_counter()
                         index = store.commit(
                             self.storage,
                             staging,
@@ -225,6 +236,7 @@ class Uploader:
                             self._protected,
                             self._stale_below,
                             upload_fn,
+                            dir_name,
                         )
                         self._watch.upload_done(time.perf_counter() - began, size)
                         if source is not None:  # report(delete_local_...=True): committed
@@ -232,7 +244,8 @@ class Uploader:
                         logger.debug("checkpoint %d committed", index)
                         self._write_metrics(sequence, metrics)
                 finally:
-                    shutil.rmtree(staging, ignore_errors=True)
+                    if staging is not None:
+                        shutil.rmtree(staging, ignore_errors=True)
                     self._slots.release()
                     with self._lock:
                         self._staged -= 1

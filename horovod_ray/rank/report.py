@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import sys
 from typing import Any, Mapping
 
@@ -33,6 +32,7 @@ from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
 from horovod_ray.rank import logs, preemption
 from horovod_ray.rank import metrics as rank_metrics
+from horovod_ray.rank import report_options as options
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +65,18 @@ def report(
             (values that are not JSON are stored as their ``repr``).
         checkpoint: A ``ray.train.Checkpoint``, e.g.
             ``Checkpoint.from_directory(folder)``.
-        checkpoint_dir_name: Refused: checkpoints are named by their number
-            (``checkpoint_000003``).
+        checkpoint_dir_name: The checkpoint's folder in the run's (``storage_path/name``),
+            e.g. ``f"epoch_{epoch}"``; None: ``checkpoint_`` and its number
+            (``checkpoint_000003``). Either way checkpoints count in the order they are
+            committed. A name another committed checkpoint of the run has fails the
+            upload (``CheckpointError``), as do names the run's folder keeps for itself
+            (``checkpoint_`` and 6 digits, ``*.json``).
         checkpoint_upload_mode: None (the default) returns once the checkpoint is copied
             locally and uploads it beside training; ``CheckpointUploadMode.SYNC`` returns
-            once it is committed; ``ASYNC`` is the default's behaviour; ``NO_UPLOAD`` is
-            refused (a checkpoint already in storage would keep its own name).
+            once it is committed; ``ASYNC`` is the default's behaviour; ``NO_UPLOAD``:
+            the checkpoint is a folder the function wrote in the run's folder itself
+            (``get_context().get_storage()``: its ``filesystem`` and ``run_path``), and is
+            committed where it is, after the uploads before it.
         delete_local_checkpoint_after_upload: The checkpoint's folder (on this node) is
             deleted once it is committed: on rank 0 by the upload thread (with ``SYNC``,
             before ``report`` returns), on another rank, whose checkpoint is dropped, at
@@ -78,13 +84,14 @@ def report(
             folder in the run's storage (a checkpoint read back) is refused.
         checkpoint_upload_fn: ``fn(checkpoint, destination)`` uploads the checkpoint
             itself (on rank 0's upload thread, from its copy), to ``destination``, the
-            full path of the checkpoint's numbered folder on the storage's filesystem
-            (not yet there; Ray passes a folder name instead), and returns it as a
+            full path of the checkpoint's folder (numbered, or ``checkpoint_dir_name``)
+            on the storage's filesystem (not yet there; Ray passes a folder name
+            instead), and returns it as a
             ``Checkpoint``; the commit marker is written after it. Its returned
             checkpoint must be at ``destination``.
-        Under Tune, the checkpoint goes to Tune's own report: ``checkpoint_upload_mode``,
-        ``delete_local_checkpoint_after_upload`` and ``checkpoint_upload_fn`` are
-        refused there.
+        Under Tune, the checkpoint goes to Tune's own report: ``checkpoint_dir_name``,
+        ``checkpoint_upload_mode``, ``delete_local_checkpoint_after_upload`` and
+        ``checkpoint_upload_fn`` are refused there.
         validation: Refused when true: Ray Train's validation tasks are not supported.
 
     Raises:
@@ -99,7 +106,7 @@ def report(
             f"checkpoint must be a ray.train.Checkpoint (Checkpoint.from_directory(folder)), "
             f"got {type(checkpoint).__name__}",
         )
-    sync, delete_local = _upload_options(
+    sync, delete_local, in_place = options.upload_options(
         checkpoint_dir_name,
         checkpoint_upload_mode,
         delete_local_checkpoint_after_upload,
@@ -108,13 +115,13 @@ def report(
     )
     rank_metrics.reported(metrics)
     if _tune_session is not None:
-        _refuse_under_tune(checkpoint_upload_mode, delete_local_checkpoint_after_upload,
-                           checkpoint_upload_fn)  # fmt: skip
+        options.refuse_under_tune(checkpoint_dir_name, checkpoint_upload_mode,
+                           delete_local_checkpoint_after_upload, checkpoint_upload_fn)  # fmt: skip
         _tune_session.report(metrics, checkpoint=checkpoint)
         return
     if logs._rank_now() != 0:
         if delete_local and checkpoint is not None:
-            _delete_local(checkpoint)  # dropped here: gone, as Ray's workers' are
+            options.delete_local(checkpoint)  # dropped here: gone, as Ray's workers' are
         return
     uploader = _rank_uploader()
     if uploader is not None:
@@ -128,125 +135,28 @@ def report(
         uploader.submit_metrics(metrics)
     else:
         if delete_local:
-            _outside_the_run(checkpoint, uploader.storage)
+            options.outside_the_run(checkpoint, uploader.storage)
+        if in_place:
+            checkpoint_dir_name = options.folder_in_the_run(checkpoint, uploader.storage,
+                                                     checkpoint_dir_name)  # fmt: skip
         # A checkpoint reported on a static job's preemption notice: this process is
         # stopped before the caller could remove its folder, so it goes once committed.
         just_in_time = preemption.stops_after_checkpoint()
-        if just_in_time and not _in_the_run(checkpoint, uploader.storage):
+        if just_in_time and not in_place and not options.in_the_run(checkpoint, uploader.storage):
             delete_local = True
         # The upload thread deletes the folder once the checkpoint is committed.
         uploader.submit(
-            metrics, checkpoint, checkpoint_upload_fn, delete_local and _on_this_node(checkpoint)
+            metrics,
+            checkpoint,
+            checkpoint_upload_fn,
+            delete_local and options.on_this_node(checkpoint),
+            checkpoint_dir_name,
+            in_place,
         )
         if sync or just_in_time:
             uploader.flush()
         if just_in_time:
             preemption.saved_then_wait()  # the job stops now, to resume from it
-
-
-def _upload_options(
-    dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any, validation: Any
-) -> tuple[bool, bool]:
-    """Checks ``ray.train.report``'s upload parameters; whether the upload is synchronous,
-    and whether the checkpoint's folder goes once copied.
-
-    Raises:
-        ConfigError: A parameter this package does not honour, named, with what to do.
-    """
-    refused = (
-        (
-            "checkpoint_dir_name",
-            dir_name is not None,
-            "checkpoints are named by their number (checkpoint_000003); leave it out",
-        ),
-        ("validation", bool(validation), "Ray Train's validation tasks are not supported"),
-    )
-    for name, given, remedy in refused:
-        if given:
-            raise ConfigError(name, f"report() does not support {name}: {remedy}")
-    if upload_fn is not None and not callable(upload_fn):
-        raise ConfigError(
-            "checkpoint_upload_fn",
-            f"checkpoint_upload_fn must be a function (checkpoint, destination) -> Checkpoint, "
-            f"got {upload_fn!r}",
-        )
-    if delete_local not in (None, True, False):
-        raise ConfigError(
-            "delete_local_checkpoint_after_upload",
-            f"delete_local_checkpoint_after_upload must be True, False or None, got "
-            f"{delete_local!r}",
-        )
-    value = None if mode is None else getattr(mode, "value", mode)
-    if value not in (None, "SYNC", "ASYNC"):
-        raise ConfigError(
-            "checkpoint_upload_mode",
-            f"checkpoint_upload_mode must be CheckpointUploadMode.SYNC or ASYNC, got {mode!r} "
-            f"(NO_UPLOAD is not supported: leave the checkpoint out instead)",
-        )
-    if delete_local is None:
-        delete_local = value == "ASYNC"  # Ray's default for each mode
-    return value == "SYNC", delete_local
-
-
-def _on_this_node(checkpoint: Any) -> bool:
-    import pyarrow.fs
-
-    return isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem)
-
-
-def _delete_local(checkpoint: Any) -> None:
-    """Removes a checkpoint's folder on this node (one on another filesystem is left)."""
-    if _on_this_node(checkpoint):
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
-
-
-def _outside_the_run(checkpoint: Any, storage: RunStorage) -> None:
-    """Refuses to delete a folder in the run's storage (a checkpoint read back and
-    reported again), or one that holds it, as Ray refuses.
-
-    Raises:
-        ConfigError: Naming delete_local_checkpoint_after_upload.
-    """
-    if _in_the_run(checkpoint, storage):
-        raise ConfigError(
-            "delete_local_checkpoint_after_upload",
-            f"the checkpoint's folder {checkpoint.path} is in the run's storage "
-            f"({os.path.realpath(storage.run_path)}) or holds it: report a copy, or leave "
-            f"delete_local_checkpoint_after_upload False",
-        )
-
-
-def _in_the_run(checkpoint: Any, storage: RunStorage) -> bool:
-    """Whether a checkpoint's folder on this node is in the run's (local) storage, or
-    holds it."""
-    import pyarrow.fs
-
-    if not _on_this_node(checkpoint):
-        return False
-    if not isinstance(storage.filesystem, pyarrow.fs.LocalFileSystem):
-        return False
-    folder = os.path.realpath(checkpoint.path)
-    run = os.path.realpath(storage.run_path)
-    return os.path.commonpath([folder, run]) in (folder, run)
-
-
-def _refuse_under_tune(mode: Any, delete_local: Any, upload_fn: Any) -> None:
-    """Under Tune the trial's checkpoint goes through Tune's own report.
-
-    Raises:
-        ConfigError: Naming an upload option Tune's report does not take.
-    """
-    for name, given in (
-        ("checkpoint_upload_mode", mode is not None),
-        ("delete_local_checkpoint_after_upload", delete_local is not None),
-        ("checkpoint_upload_fn", upload_fn is not None),
-    ):
-        if given:
-            raise ConfigError(
-                name,
-                f"in a Tune trial report() hands the checkpoint to Tune, which persists it "
-                f"in the trial's storage: leave {name} out",
-            )
 
 
 def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float | None = None):
@@ -296,7 +206,7 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
 
     return [
         ReportedCheckpoint(
-            store.as_checkpoint(storage, entry.index),
+            store.as_checkpoint(storage, entry),
             entry.metrics,
             ReportedCheckpointStatus.COMMITTED,
         )
@@ -367,7 +277,7 @@ def _rank_uploader() -> Uploader | None:
             return None
         _uploader = Uploader(
             storage,
-            protected=store.index_of(os.environ.get(CHECKPOINT_ENV)),
+            protected=store.index_at(storage, os.environ.get(CHECKPOINT_ENV)),
             stale_below=int(os.environ.get(FIRST_INDEX_ENV) or 1),
             watch=rank_metrics,
         )

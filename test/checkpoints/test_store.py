@@ -19,8 +19,8 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 
 from horovod_ray import CheckpointError, ConfigError, Result
-from horovod_ray.checkpoints import spec, store, upload
-from horovod_ray.checkpoints.store import Entry
+from horovod_ray.checkpoints import choices, spec, store, upload
+from horovod_ray.checkpoints.choices import Entry
 from horovod_ray.rank import report
 
 pytestmark = pytest.mark.unit
@@ -52,7 +52,7 @@ def _entries(*losses: float | None, uncommitted: tuple[int, ...] = ()) -> list[E
     ],
 )
 def test_to_remove(entries, keep, attribute, order, committing, removed):
-    assert store.to_remove(entries, keep, attribute, order, committing) == removed
+    assert choices.to_remove(entries, keep, attribute, order, committing) == removed
 
 
 def test_a_nested_score_ranks_by_its_path_as_ray_train_flattens_it():
@@ -62,7 +62,7 @@ def test_a_nested_score_ranks_by_its_path_as_ray_train_flattens_it():
         Entry(index, True, {"val": {"loss": loss}, "epoch": index})
         for index, loss in enumerate([0.5, 0.1, 0.9, 0.7], start=1)
     ]
-    assert store.to_remove(entries, 1, "val/loss", "min", 5) == [1, 3]
+    assert choices.to_remove(entries, 1, "val/loss", "min", 5) == [1, 3]
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_a_nested_score_ranks_by_its_path_as_ray_train_flattens_it():
     ],
 )
 def test_stale_partials(names, stale_below, removed):
-    assert store.stale_partials(names, stale_below) == removed
+    assert choices.stale_partials(names, stale_below) == removed
 
 
 def test_a_marker_left_half_written_is_removed_when_the_job_ends(tmp_path):
@@ -110,18 +110,18 @@ def test_a_marker_left_half_written_is_removed_when_the_job_ends(tmp_path):
 
 def test_the_checkpoint_a_job_started_from_stays_while_it_runs():
     entries = _entries(0.5, 0.2, 0.9, 0.7)
-    assert store.to_remove(entries, 1, None, "max", 4, protected=2) == [1, 3]
-    assert store.index_of("/runs/r/checkpoint_000002") == 2
-    assert store.index_of("/runs/r/checkpoint_000002.json") is None
-    assert store.index_of("") is None
+    assert choices.to_remove(entries, 1, None, "max", 4, protected=2) == [1, 3]
+    assert choices.index_of("/runs/r/checkpoint_000002") == 2
+    assert choices.index_of("/runs/r/checkpoint_000002.json") is None
+    assert choices.index_of("") is None
 
 
 def test_latest_is_committed_and_the_next_number_passes_every_folder():
     entries = _entries(0.1, 0.2, uncommitted=(3,))
-    assert store.latest(entries).index == 2
-    assert store.next_index(entries) == 4
-    assert store.latest([Entry(1, False)]) is None
-    assert store.next_index([]) == 1
+    assert choices.latest(entries).index == 2
+    assert choices.next_index(entries) == 4
+    assert choices.latest([Entry(1, False)]) is None
+    assert choices.next_index([]) == 1
 
 
 def _config(num_to_keep, attribute=None, order="max") -> types.SimpleNamespace:
@@ -252,7 +252,7 @@ def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it
     (tmp_path / "runs" / "r" / "checkpoint_000002").mkdir()
     entries = store.list_entries(storage)
     assert [(e.index, e.committed) for e in entries] == [(1, True), (2, False)]
-    assert store.latest(entries).index == 1
+    assert choices.latest(entries).index == 1
     env = store.job_env(storage)
     assert env[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
     assert env[spec.FIRST_INDEX_ENV] == "3"  # folder 2 was there before the job
@@ -412,9 +412,8 @@ def test_a_checkpoint_without_the_score_attribute_is_logged_once_and_never_beats
 @pytest.mark.parametrize(
     "kwargs, parameter",
     [
-        ({"checkpoint_dir_name": "epoch_3"}, "checkpoint_dir_name"),
         ({"validation": True}, "validation"),
-        ({"checkpoint_upload_mode": "NO_UPLOAD"}, "checkpoint_upload_mode"),
+        ({"checkpoint_upload_mode": "EVENTUALLY"}, "checkpoint_upload_mode"),
         ({"checkpoint_upload_fn": "s3"}, "checkpoint_upload_fn"),
         ({"delete_local_checkpoint_after_upload": "yes"}, "delete_local_checkpoint_after_upload"),
     ],

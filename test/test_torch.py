@@ -130,11 +130,13 @@ def test_a_caller_waiting_on_a_collective_does_not_wait_for_the_cycle(ray_4cpu):
 
 
 def test_gloos_io_thread_does_not_spin_on_a_busy_connection(ray_4cpu):
-    """A 1 MB allreduce costs horovod's threads 0.4-0.5 ms of CPU on each rank here; with
-    Gloo's I/O thread spinning while a send held the connection, one rank's took 1.6-2.6."""
+    """A 1 MB allreduce costs horovod's threads 0.4-0.5 ms of CPU on each rank on a quiet
+    machine, up to 1.15 on a busy one (the least of 4 batches; a single batch of 400 took
+    up to 1.9 there, and failed a bound of 1.0 now and then); with Gloo's I/O thread
+    spinning while a send held the connection, one rank's took 1.6-2.6 on a quiet one."""
     for rank in horovod_ray.run(torch_training.horovods_threads_cpu, num_slots=2, timeout_s=60):
         assert rank["values"] == [1.0]
-        assert rank["cpu_ms"] < 1.0
+        assert rank["cpu_ms"] < 1.3
 
 
 def _both_frameworks() -> list:
@@ -205,6 +207,20 @@ def test_the_install_check_sees_the_torch_extensions_fixes(check, monkeypatch, t
     )
     monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
     assert not getattr(build, check)()
+
+
+@pytest.mark.unit
+def test_the_first_cycle_patch_is_not_taken_for_the_fixed_one(monkeypatch, tmp_path):
+    """Its caller woke the cycle once, so a collective a cycle took before every rank had
+    queued it could wait out a whole cycle (test_a_caller_waiting_on_a_collective...)."""
+    from horovod_ray.stack import build
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "mpi_lib_v2.cpython-311-x86_64-linux-gnu.so").write_bytes(
+        b"\x7fELF _ZN7horovod6common10CycleWaker14WakeIfEnqueuedEv"
+    )
+    monkeypatch.setattr(build, "_horovod_dir", lambda: str(tmp_path))
+    assert not build.torch_wait_starts_the_cycle()
 
 
 @pytest.mark.unit

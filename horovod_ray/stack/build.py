@@ -197,10 +197,12 @@ def torch_waits_without_spinning() -> bool:
 
 def torch_wait_starts_the_cycle() -> bool:
     """Whether a ``horovod.torch`` caller waiting on a collective starts horovod's next
-    cycle at once (this repo's patch horovod-*-torch-waiting-caller-starts-the-cycle.patch);
-    stock horovod's background thread first sleeps out the cycle time (1 ms), most of a
-    small model's step (docs/benchmarks.rst)."""
-    return _torch_extension_has(b"CycleWaker14WakeIfEnqueued")
+    cycle at once, and keeps cycles at most 1 ms apart until it is done (this repo's patch
+    horovod-*-torch-waiting-caller-starts-the-cycle.patch); stock horovod's background
+    thread first sleeps out the cycle time (1 ms), most of a small model's step
+    (docs/benchmarks.rst). The patch's first version woke the thread once, so a collective
+    that a cycle had taken before every rank queued it waited out a whole cycle."""
+    return _torch_extension_has(b"CycleWaker11CallerWaits")
 
 
 def exchange_allreduce() -> bool:

@@ -180,18 +180,25 @@ def test_keyboard_interrupt_in_the_driver_releases_everything(local_ray):
             main_thread_interrupted.set()
             _thread.interrupt_main()
 
+    # As a terminal's Ctrl-C: Python's handler, even where this run was started with
+    # SIGINT ignored (a background job of a shell), which makes interrupt_main() a no-op.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        horovod_ray.run(
-            allreduce_loop,
-            num_slots=2,
-            # Well inside this test's own timeout: ranks that never reach their training
-            # loop (a rendezvous that does not complete) fail the call with their stacks,
-            # rather than holding it until pytest's timeout hides where they were.
-            timeout_s=60,
-            callbacks=[interrupt_once_training],
-        )
-        time.sleep(30)  # only reached if run() returned; the interrupt then lands here
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            horovod_ray.run(
+                allreduce_loop,
+                num_slots=2,
+                # Well inside this test's own timeout: ranks that never reach their
+                # training loop (a rendezvous that does not complete) fail the call with
+                # their stacks, rather than holding it until pytest's timeout hides where
+                # they were.
+                timeout_s=60,
+                callbacks=[interrupt_once_training],
+            )
+            time.sleep(30)  # only reached if run() returned; the interrupt then lands here
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 60
     assert main_thread_interrupted.is_set()
     leaks.assert_released()

@@ -120,7 +120,5 @@ def test_pins_are_each_wheels_exact_version():
         "constraints.txt",
     ]
     assert pins(names) == (
-        "horovod==0.28.1+hr97154199.tf221.torch213\n"
-        "torch==2.13.0+cpu\n"
-        "typing-extensions==4.15.0\n"
+        "horovod==0.28.1+hr97154199.tf221.torch213\ntorch==2.13.0+cpu\ntyping-extensions==4.15.0\n"
     )

@@ -55,7 +55,7 @@ def dir_name_problem(name: Any) -> str | None:
         return f"must be a folder name (str), got {name!r}"
     if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
         return f"must be one folder name, not a path or a hidden name, got {name!r}"
-    if _NAME.match(name) or name.endswith((".json", PARTIAL_SUFFIX)):
+    if _NAME.match(name.lower()) or name.lower().endswith((".json", PARTIAL_SUFFIX)):
         return (
             f"{name!r} is a name the run's folder keeps for its own files: choose another "
             f"(e.g. epoch_3)"

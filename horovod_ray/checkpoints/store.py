@@ -127,7 +127,13 @@ def list_entries(
         named = marker.get("folder")
         named = named if dir_name_problem(named) is None else None
         if named is not None and index in folders:
-            named = None  # a numbered folder is its own; a marker cannot move it elsewhere
+            # Two processes chose the same number (see commit): the numbered folder is
+            # the entry's, and the named one is left for the user to see.
+            logger.warning(
+                "checkpoint %d has both %s and, by its marker, %s: %s counts",
+                index, folder_name(index), named, folder_name(index),
+            )  # fmt: skip
+            named = None
         entries.append(Entry(index, committed, marker["metrics"] if committed else {}, named))
     return entries
 
@@ -223,9 +229,9 @@ def commit(
     # after the files, where they would leave a folder without its marker.
     fields = {"index": index, "metrics": metrics, "time": time.time()}
     marker = encoded(fields if dir_name is None else {**fields, "folder": dir_name})
-    if dir_name is not None:
-        _make_room(storage, entries, dir_name, keep_folder=local_dir is None)
     try:
+        if dir_name is not None:
+            _make_room(storage, entries, entry, stale_below, in_place=local_dir is None)
         if local_dir is None:
             _check_in_place(storage, destination)
         else:
@@ -261,29 +267,46 @@ def _check_in_place(storage: RunStorage, destination: str) -> None:
 
     if storage.filesystem.get_file_info(destination).type != pyarrow.fs.FileType.Directory:
         raise CheckpointError(
-            f"a NO_UPLOAD checkpoint must already be a folder in the run's: {destination} "
-            f"is not one"
+            f"a NO_UPLOAD checkpoint must be a folder in the run's when it is committed, "
+            f"after the uploads reported before it: {destination} is not one (keep the "
+            f"folder once report() returns; it is the checkpoint)"
         )
 
 
-def _make_room(storage: RunStorage, entries: list[Entry], dir_name: str, keep_folder: bool) -> None:
-    """Before a checkpoint goes into the folder ``dir_name``: an unfinished upload to it
-    (an earlier job's, cut off) is removed, its folder too unless ``keep_folder`` (a
-    ``NO_UPLOAD`` checkpoint's own files are there).
+def _make_room(
+    storage: RunStorage, entries: list[Entry], entry: Entry, stale_below: int, in_place: bool
+) -> None:
+    """Before checkpoint ``entry`` is committed in its named folder: an earlier job's
+    upload to that folder that was cut off (not committed, numbered below
+    ``stale_below``) is removed, its marker, and its folder unless ``in_place`` (a
+    ``NO_UPLOAD`` checkpoint's own files are there now).
 
     Raises:
-        CheckpointError: A committed checkpoint is in that folder.
+        CheckpointError: That folder is a committed checkpoint's, or an upload of this
+            job's is under way to it (an elastic job's former rank 0), or (not
+            ``in_place``) a folder there that is no checkpoint's has the name.
     """
-    for entry in entries:
-        if entry.folder != dir_name:
-            continue
-        if entry.committed:
+    import pyarrow.fs
+
+    name = entry.folder
+    same = [e for e in entries if e.folder.casefold() == name.casefold()]
+    for other in same:
+        if other.committed or other.index >= stale_below:
+            state = "is checkpoint" if other.committed else "is being uploaded as checkpoint"
             raise CheckpointError(
-                f"checkpoint_dir_name {dir_name!r} is checkpoint {entry.index}'s folder in "
-                f"{storage.run_path}: give each checkpoint a name of its own (e.g. with its "
-                f"epoch)"
+                f"checkpoint folder {name!r} {state} {other.index}'s in {storage.run_path}: "
+                f"give each checkpoint a checkpoint_dir_name of its own (e.g. with its epoch)"
             )
-        remove(storage, entry, with_folder=not keep_folder)
+    for other in same:
+        remove(storage, other, with_folder=not in_place)
+    destination = checkpoint_path(storage, entry)
+    if not in_place and storage.filesystem.get_file_info(destination).type != (
+        pyarrow.fs.FileType.NotFound
+    ):
+        raise CheckpointError(
+            f"checkpoint_dir_name {name!r} is a folder in {storage.run_path} that is no "
+            f"checkpoint's: choose another name (a checkpoint's folder holds only its files)"
+        )
 
 
 def _upload_with(upload_fn: Any, local_dir: str, destination: str) -> None:
@@ -317,21 +340,33 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
     folder), and the JSON files a killed process left half-written (see
     :func:`stale_partials`). A storage that fails here is logged, not raised: the
     checkpoints that count are already there, and the job's own outcome is what its
-    caller needs."""
+    caller needs.
+
+    A folder another checkpoint kept still names stays. While a job runs, an earlier
+    job's cut-off upload to a named folder loses only its marker: the job's start removed
+    that folder (:func:`job_env`), and the name may hold a ``NO_UPLOAD`` checkpoint of
+    this job's by now."""
     try:
         infos = _listing(storage)  # once: a listing is a request to a cloud storage
         entries = list_entries(storage, infos)
         below = next_index(entries) if stale_below is None else stale_below
         by_index = {entry.index: entry for entry in entries}
-        for index in to_remove(
+        removed = to_remove(
             entries,
             storage.num_to_keep,
             storage.score_attribute,
             storage.score_order,
             below,
             protected,
-        ):
-            remove(storage, by_index[index])
+        )
+        kept = {e.folder.casefold() for e in entries if e.index not in set(removed)}
+        for index in removed:
+            entry = by_index[index]
+            cut_off_named = not entry.committed and entry.named is not None
+            with_folder = entry.folder.casefold() not in kept and not (
+                cut_off_named and stale_below is not None
+            )
+            remove(storage, entry, with_folder=with_folder)
         names = [info.base_name for info in infos]
         for name in stale_partials(names, stale_below):
             with contextlib.suppress(FileNotFoundError):
@@ -381,6 +416,7 @@ def job_env(storage: RunStorage) -> dict[str, str]:
         CheckpointError: The run's folder could not be read.
     """
     entries = list_entries(storage)
+    _remove_cut_off_named_folders(storage, entries)
     newest = latest(entries)
     if newest is None:
         logger.info("checkpoints go to %s (none there yet)", storage.run_path)
@@ -388,6 +424,21 @@ def job_env(storage: RunStorage) -> dict[str, str]:
     path = checkpoint_path(storage, newest)
     logger.info("checkpoints go to %s; the job resumes from %s", storage.run_path, path)
     return storage.to_env(path, next_index(entries))
+
+
+def _remove_cut_off_named_folders(storage: RunStorage, entries: list[Entry]) -> None:
+    """Before a job starts: the folders of earlier jobs' uploads to named folders that
+    were cut off. Their markers stay, keeping their numbers taken, until the job's
+    first commit removes them (see :func:`_remove_unkept`). Logged if it fails."""
+    for entry in entries:
+        if entry.committed or entry.named is None:
+            continue
+        try:
+            storage.filesystem.delete_dir(checkpoint_path(storage, entry))
+        except FileNotFoundError:
+            pass
+        except storage_errors() as err:
+            logger.warning("an unfinished checkpoint upload's folder stays: %s", err)
 
 
 def as_checkpoint(storage: RunStorage, entry: Entry) -> Any:

@@ -68,15 +68,19 @@ def report(
         checkpoint_dir_name: The checkpoint's folder in the run's (``storage_path/name``),
             e.g. ``f"epoch_{epoch}"``; None: ``checkpoint_`` and its number
             (``checkpoint_000003``). Either way checkpoints count in the order they are
-            committed. A name another committed checkpoint of the run has fails the
-            upload (``CheckpointError``), as do names the run's folder keeps for itself
-            (``checkpoint_`` and 6 digits, ``*.json``).
+            committed. A name another checkpoint of the run has, or another folder
+            there, fails the upload (``CheckpointError``, raised by the next call); a
+            path, a hidden name or one the run's folder keeps for itself
+            (``checkpoint_`` and 6 or more digits, ``*.json``, ``*.partial``) is a
+            ``ConfigError`` here.
         checkpoint_upload_mode: None (the default) returns once the checkpoint is copied
             locally and uploads it beside training; ``CheckpointUploadMode.SYNC`` returns
             once it is committed; ``ASYNC`` is the default's behaviour; ``NO_UPLOAD``:
-            the checkpoint is a folder the function wrote in the run's folder itself
-            (``get_context().get_storage()``: its ``filesystem`` and ``run_path``), and is
-            committed where it is, after the uploads before it.
+            the checkpoint is a folder the function wrote in the run's folder itself,
+            not deeper (``get_context().get_storage()``: its ``filesystem`` and
+            ``run_path``), and is committed where it is, after the uploads before it:
+            keep the folder until then. ``checkpoint_dir_name``, if given, must be its
+            name. The keep policy removes it as any other.
         delete_local_checkpoint_after_upload: The checkpoint's folder (on this node) is
             deleted once it is committed: on rank 0 by the upload thread (with ``SYNC``,
             before ``report`` returns), on another rank, whose checkpoint is dropped, at

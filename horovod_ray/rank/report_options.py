@@ -120,14 +120,18 @@ def folder_in_the_run(checkpoint: Any, storage: RunStorage, dir_name: str | None
     parent, _, name = path.rpartition("/")
     run = storage.run_path.rstrip("/")
     if on_this_node(checkpoint) and _local_storage(storage):
-        parent, run = os.path.realpath(parent), os.path.realpath(run)
+        # The folder itself resolved: a link in the run's to a folder elsewhere is not in it.
+        resolved = os.path.realpath(path)
+        run = os.path.realpath(run)
+        parent = os.path.dirname(resolved) if os.path.basename(resolved) == name else None
     same_fs = checkpoint.filesystem.type_name == storage.filesystem.type_name
     if not same_fs or parent != run:
         raise ConfigError(
             "checkpoint",
-            f"a NO_UPLOAD checkpoint must be a folder in the run's ({storage.run_path} on "
-            f"{storage.filesystem.type_name}, get_context().get_storage()), got {path} on "
-            f"{checkpoint.filesystem.type_name}: write it there, or let report() upload it",
+            f"a NO_UPLOAD checkpoint must be a folder in the run's folder itself, not deeper "
+            f"nor a link elsewhere ({storage.run_path} on {storage.filesystem.type_name}: "
+            f"get_context().get_storage()), got {path} on {checkpoint.filesystem.type_name}: "
+            f"write it there, or let report() upload it",
         )
     problem = choices.dir_name_problem(name)
     if problem is not None:

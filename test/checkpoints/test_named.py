@@ -106,18 +106,117 @@ def test_a_named_upload_cut_off_is_never_the_latest_and_is_removed(tmp_path):
 def test_a_name_a_committed_checkpoint_has_fails_the_upload_and_keeps_it(tmp_path):
     storage = spec.create(str(tmp_path), "run")
     store.commit(storage, _folder(tmp_path, "c1", "1").path, {"step": 1}, dir_name="epoch_1")
-    with pytest.raises(CheckpointError, match="'epoch_1' is checkpoint 1's folder"):
-        store.commit(storage, _folder(tmp_path, "c2", "2").path, {"step": 2}, dir_name="epoch_1")
+    for name in ("epoch_1", "EPOCH_1"):  # the same folder where case does not count
+        with pytest.raises(CheckpointError, match=r"folder '(?i:epoch_1)' is checkpoint 1's"):
+            store.commit(storage, _folder(tmp_path, f"c2{name}", "2").path, {}, dir_name=name)
     assert (tmp_path / "run" / "epoch_1" / "model.txt").read_text() == "1"
     assert [e.index for e in store.list_entries(storage)] == [1]
-    # An earlier job's cut-off upload to that name is replaced instead.
-    (tmp_path / "run" / "checkpoint_000002.json").write_text(
-        json.dumps({"index": 2, "folder": "epoch_2"})
-    )
-    _folder(tmp_path / "run", "epoch_2", "old")
-    store.commit(storage, _folder(tmp_path, "c3", "3").path, {"step": 3}, dir_name="epoch_2")
+
+
+def _cut_off(run, index: int, name: str) -> None:
+    """What an upload to a named folder leaves when its job fails during it."""
+    run.mkdir(parents=True, exist_ok=True)
+    (run / f"checkpoint_{index:06d}.json").write_text(json.dumps({"index": index, "folder": name}))
+    _folder(run, name, "partial")
+
+
+def test_an_earlier_jobs_cut_off_upload_to_the_name_is_replaced(tmp_path):
+    storage = spec.create(str(tmp_path), "run")
+    store.commit(storage, _folder(tmp_path, "c1", "1").path, {"step": 1})
+    _cut_off(tmp_path / "run", 2, "epoch_2")
+    store.commit(storage, _folder(tmp_path, "c3", "3").path, {"step": 3}, stale_below=3,
+                 dir_name="epoch_2")  # fmt: skip
     assert (tmp_path / "run" / "epoch_2" / "model.txt").read_text() == "3"
     assert [(e.index, e.committed) for e in store.list_entries(storage)] == [(1, True), (3, True)]
+
+
+def test_an_upload_of_this_jobs_under_way_to_the_name_is_not_touched(tmp_path):
+    """In an elastic job the former rank 0 may still be uploading to the name when the new
+    one reports it again: that upload's marker and folder stay, this one fails."""
+    storage = spec.create(str(tmp_path), "run")
+    _cut_off(tmp_path / "run", 1, "epoch_3")
+    with pytest.raises(CheckpointError, match="'epoch_3' is being uploaded as checkpoint 1"):
+        store.commit(storage, _folder(tmp_path, "c2", "2").path, {}, stale_below=1,
+                     dir_name="epoch_3")  # fmt: skip
+    assert (tmp_path / "run" / "epoch_3" / "model.txt").read_text() == "partial"
+    assert (tmp_path / "run" / "checkpoint_000001.json").exists()
+
+
+def test_a_folder_that_is_no_checkpoints_is_never_written_into(tmp_path):
+    storage = spec.create(str(tmp_path), "run", CheckpointConfig(1))
+    (tmp_path / "run" / "tensorboard").mkdir(parents=True)
+    (tmp_path / "run" / "tensorboard" / "events").write_text("mine")
+    with pytest.raises(CheckpointError, match="'tensorboard' is a folder .* no checkpoint's"):
+        store.commit(storage, _folder(tmp_path, "c1", "1").path, {}, dir_name="tensorboard")
+    assert os.listdir(tmp_path / "run" / "tensorboard") == ["events"]
+    assert store.list_entries(storage) == []
+
+
+def test_a_named_upload_that_fails_leaves_its_marker_naming_the_folder(tmp_path):
+    storage = spec.create(str(tmp_path), "run")
+
+    def half(checkpoint, destination):
+        os.makedirs(destination)
+        raise OSError("the network went")
+
+    with pytest.raises(CheckpointError, match="the network went"):
+        store.commit(storage, _folder(tmp_path, "c1", "1").path, {}, upload_fn=half,
+                     dir_name="epoch_1")  # fmt: skip
+    assert [(e.index, e.committed, e.folder) for e in store.list_entries(storage)] == [
+        (1, False, "epoch_1"),
+    ]  # fmt: skip
+    # The next job's start removes its folder, and its first commit the marker.
+    store.job_env(storage)
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000001.json"]
+    store.commit(storage, _folder(tmp_path, "c2", "2").path, {}, stale_below=2)
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000002", "checkpoint_000002.json"]
+
+
+def test_a_no_upload_folder_on_a_cut_off_uploads_name_is_not_removed(tmp_path):
+    """An earlier job's upload to "epoch_3" was cut off; this job's rank 0 wrote
+    "epoch_3" itself (NO_UPLOAD) while an upload before it was still queued: that
+    upload's commit removed the earlier job's marker, not the new folder."""
+    storage = spec.create(str(tmp_path), "run")
+    run = tmp_path / "run"
+    _cut_off(run, 1, "epoch_3")
+    env = store.job_env(storage)  # the job starts: the cut-off folder goes
+    assert not (run / "epoch_3").exists()
+    first = int(env[spec.FIRST_INDEX_ENV])
+    _folder(run, "epoch_3", "mine")  # rank 0 writes it, then reports it
+    store.commit(storage, _folder(tmp_path, "c2", "2").path, {"step": 2}, stale_below=first)
+    store.commit(storage, None, {"step": 3}, stale_below=first, dir_name="epoch_3")
+    assert (run / "epoch_3" / "model.txt").read_text() == "mine"
+    assert [(e.index, e.committed, e.folder) for e in store.list_entries(storage)] == [
+        (2, True, "checkpoint_000002"), (3, True, "epoch_3"),
+    ]  # fmt: skip
+
+
+def test_a_kept_checkpoints_folder_is_never_removed_with_another_marker(tmp_path):
+    """Two markers naming one folder (two processes that chose the same name at once):
+    removing the older one does not take the folder the newer one is in."""
+    storage = spec.create(str(tmp_path), "run", CheckpointConfig(1))
+    run = tmp_path / "run"
+    _folder(run, "epoch_3", "3")
+    for index in (1, 2):
+        marker = {"index": index, "folder": "epoch_3", "metrics": {"step": index}}
+        (run / f"checkpoint_{index:06d}.json").write_text(json.dumps(marker))
+    store.prune(storage)
+    assert sorted(os.listdir(run)) == ["checkpoint_000002.json", "epoch_3"]
+
+
+def test_a_named_start_checkpoint_stays_while_the_job_runs(tmp_path, monkeypatch):
+    storage = spec.create(str(tmp_path), "run", CheckpointConfig(1))
+    store.commit(storage, _folder(tmp_path, "c1", "1").path, {"step": 1}, dir_name="start")
+    monkeypatch.setattr(report, "_uploader", None)
+    for name, value in store.job_env(storage).items():
+        monkeypatch.setenv(name, value)
+    uploader = report._rank_uploader()
+    try:
+        uploader.submit({"step": 2}, _folder(tmp_path, "c2", "2"))
+        uploader.flush()
+        assert "start" in os.listdir(tmp_path / "run")  # num_to_keep 1, but the start
+    finally:
+        report.close_uploader()
 
 
 def test_no_upload_commits_the_folder_where_it_is(tmp_path):
@@ -134,9 +233,15 @@ def test_no_upload_commits_the_folder_where_it_is(tmp_path):
     assert Result.from_path(str(run)).checkpoint.path == f"{run}/written_by_rank_0"
     assert "checkpoint_000001" not in os.listdir(run)  # num_to_keep 1
     # Nothing is committed for a folder that is not there.
-    with pytest.raises(CheckpointError, match="must already be a folder in the run's"):
+    with pytest.raises(CheckpointError, match="must be a folder in the run's when it is committed"):
         store.commit(storage, None, {"step": 3}, dir_name="missing")
     assert [e.index for e in store.list_entries(storage)] == [2]
+
+
+def _linked(link, target) -> Checkpoint:
+    target.mkdir()
+    link.symlink_to(target)
+    return Checkpoint.from_directory(str(link))
 
 
 def test_report_checks_a_no_upload_checkpoint_is_in_the_run(tmp_path):
@@ -148,6 +253,7 @@ def test_report_checks_a_no_upload_checkpoint_is_in_the_run(tmp_path):
         (_folder(tmp_path, "elsewhere", "x"), None, "checkpoint", "must be a folder in the run"),
         (_folder(tmp_path / "run" / "a", "deeper", "x"), None, "checkpoint", "in the run's"),
         (_folder(tmp_path / "run", "checkpoint_000009", "x"), None, "checkpoint", "keeps"),
+        (_linked(tmp_path / "run" / "link", tmp_path / "far"), None, "checkpoint", "a link"),
         (inside, "epoch_2", "checkpoint_dir_name", "stays in its folder 'epoch_1'"),
     ]
     for checkpoint, dir_name, parameter, text in cases:

@@ -3,8 +3,8 @@
 Open ``spec`` for what the user asked (a storage path or filesystem, the run's name, how
 many checkpoints to keep) and how it travels to the ranks, ``store`` for the run's folder
 on that filesystem (commit, list, keep the best, read back as a :class:`Result`),
-``choices`` for the pure choices over its records (the latest, the next number, what is
-kept, what a checkpoint's folder may be called),
+``files`` for reading and writing it, ``choices`` for the pure choices over its records
+(the latest, the next number, what is kept, what a checkpoint's folder may be called),
 ``metrics`` for what a report's metrics may be and how they are stored and scored, and
 ``upload`` for the thread that persists rank 0's checkpoints beside training. The ranks'
 ``report()`` and ``get_checkpoint()`` are in ``horovod_ray.rank.report`` (its upload

@@ -14,7 +14,7 @@ from horovod_ray.checkpoints.metrics import flatten
 
 _NAME = re.compile(r"^checkpoint_(\d{6,})(\.json)?$")
 METRICS_FILE = "metrics.json"
-# A JSON file being written: its name, a random part, this suffix (see store._write_json).
+# A JSON file being written: its name, a random part, this suffix (see files.write_json).
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -148,7 +148,7 @@ def stale_partials(names: Iterable[str], stale_below: int | None) -> list[str]:
         target = name[: -len(PARTIAL_SUFFIX)].rpartition(".")[0]  # less the random part
         match = _NAME.match(target)
         if target != METRICS_FILE and (match is None or not match.group(2)):
-            continue  # not a name _write_json makes: not ours
+            continue  # not a name files.write_json makes: not ours
         if stale_below is None or (match is not None and int(match.group(1)) < stale_below):
             stale.append(name)
     return stale

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
-from horovod_ray.checkpoints import choices, spec, store
+from horovod_ray.checkpoints import choices, files, spec, store
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError, ConfigError
 
@@ -36,7 +36,7 @@ def _require_folder(storage: RunStorage, path: object) -> None:
 
     try:
         kind = storage.filesystem.get_file_info(storage.run_path).type
-    except store.storage_errors() as err:
+    except files.storage_errors() as err:
         raise CheckpointError(
             f"could not read {storage.run_path}: {type(err).__name__}: {err}"
         ) from err
@@ -87,7 +87,7 @@ class Result:
         storage = _storage_at(path, storage_filesystem)
         _require_folder(storage, path)
         entries = store.list_entries(storage)
-        record = store.read_json(storage, choices.METRICS_FILE)
+        record = files.read_json(storage, choices.METRICS_FILE)
         metrics = record.get("metrics", {}) if isinstance(record, dict) else {}
         newest = choices.latest(entries)
         return cls(

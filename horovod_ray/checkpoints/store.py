@@ -24,15 +24,12 @@ The choices (latest, next number, what to remove) are pure functions over
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from horovod_ray.checkpoints.choices import (
     METRICS_FILE,
-    PARTIAL_SUFFIX,
     Entry,
     dir_name_problem,
     folder_name,
@@ -43,6 +40,13 @@ from horovod_ray.checkpoints.choices import (
     stale_partials,
     to_remove,
 )
+from horovod_ray.checkpoints.files import (
+    failed,
+    listing,
+    read_json,
+    storage_errors,
+    write_json,
+)
 from horovod_ray.checkpoints.metrics import encoded
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError
@@ -51,14 +55,6 @@ if TYPE_CHECKING:
     import pyarrow.fs
 
 logger = logging.getLogger(__name__)
-
-
-def storage_errors() -> tuple[type[BaseException], ...]:
-    """What a pyarrow filesystem raises when it fails (pyarrow is imported only when a
-    storage is used: it adds a quarter of a second to every rank's start)."""
-    import pyarrow
-
-    return (OSError, pyarrow.ArrowException)
 
 
 def index_at(storage: RunStorage, path: str | None) -> int | None:
@@ -78,25 +74,6 @@ def index_at(storage: RunStorage, path: str | None) -> int | None:
 # ------------------------------------------------------------------- the filesystem
 
 
-def _failed(action: str, path: str, err: BaseException) -> CheckpointError:
-    return CheckpointError(f"could not {action} {path}: {type(err).__name__}: {err}")
-
-
-def _listing(storage: RunStorage) -> list[pyarrow.fs.FileInfo]:
-    """What the run's folder holds (nothing if it does not exist yet).
-
-    Raises:
-        CheckpointError: The storage could not be read.
-    """
-    import pyarrow.fs
-
-    try:
-        selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
-        return storage.filesystem.get_file_info(selector)
-    except storage_errors() as err:
-        raise _failed("list the run's folder", storage.run_path, err) from err
-
-
 def list_entries(
     storage: RunStorage, infos: list[pyarrow.fs.FileInfo] | None = None
 ) -> list[Entry]:
@@ -108,7 +85,7 @@ def list_entries(
     """
     import pyarrow.fs
 
-    infos = _listing(storage) if infos is None else infos
+    infos = listing(storage) if infos is None else infos
     folders, markers = set(), set()
     for info in infos:
         parsed = parse_name(info.base_name)
@@ -136,41 +113,6 @@ def list_entries(
             named = None
         entries.append(Entry(index, committed, marker["metrics"] if committed else {}, named))
     return entries
-
-
-def read_json(storage: RunStorage, name: str) -> Any:
-    """The JSON file ``name`` in the run's folder; None when it is missing or is not JSON.
-
-    Raises:
-        CheckpointError: The storage could not be read.
-    """
-    path = f"{storage.run_path}/{name}"
-    try:
-        with storage.filesystem.open_input_stream(path) as stream:
-            text = stream.read()
-    except FileNotFoundError:
-        return None
-    except storage_errors() as err:
-        raise _failed("read", path, err) from err
-    try:
-        return json.loads(text.decode())
-    except ValueError:
-        return None
-
-
-def _write_json(storage: RunStorage, name: str, text: bytes) -> None:
-    """Writes ``name`` (``text``, JSON) whole or not at all: under a temporary name, then
-    moved."""
-    path = f"{storage.run_path}/{name}"
-    partial = f"{path}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}"
-    try:
-        with storage.filesystem.open_output_stream(partial) as stream:
-            stream.write(text)
-        storage.filesystem.move(partial, path)
-    except BaseException:
-        with contextlib.suppress(Exception):
-            storage.filesystem.delete_file(partial)
-        raise
 
 
 def checkpoint_path(storage: RunStorage, entry: Entry) -> str:
@@ -238,11 +180,11 @@ def commit(
             if dir_name is not None:  # so that an upload cut off is found, and removed
                 storage.filesystem.create_dir(storage.run_path, recursive=True)
                 pending = {"index": index, "folder": dir_name, "time": time.time()}
-                _write_json(storage, f"{folder_name(index)}.json", encoded(pending))
+                write_json(storage, f"{folder_name(index)}.json", encoded(pending))
             _upload(local_dir, storage, destination, upload_fn)
-        _write_json(storage, f"{folder_name(index)}.json", marker)
+        write_json(storage, f"{folder_name(index)}.json", marker)
     except storage_errors() as err:
-        raise _failed("upload checkpoint to", destination, err) from err
+        raise failed("upload checkpoint to", destination, err) from err
     _remove_unkept(storage, stale_below, protected)
     return index
 
@@ -347,7 +289,7 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
     that folder (:func:`job_env`), and the name may hold a ``NO_UPLOAD`` checkpoint of
     this job's by now."""
     try:
-        infos = _listing(storage)  # once: a listing is a request to a cloud storage
+        infos = listing(storage)  # once: a listing is a request to a cloud storage
         entries = list_entries(storage, infos)
         below = next_index(entries) if stale_below is None else stale_below
         by_index = {entry.index: entry for entry in entries}
@@ -379,9 +321,9 @@ def write_metrics(storage: RunStorage, metrics: dict) -> None:
     """Records ``metrics`` as the run's last reported ones."""
     try:
         storage.filesystem.create_dir(storage.run_path, recursive=True)
-        _write_json(storage, METRICS_FILE, encoded({"metrics": metrics, "time": time.time()}))
+        write_json(storage, METRICS_FILE, encoded({"metrics": metrics, "time": time.time()}))
     except storage_errors() as err:
-        raise _failed("write", f"{storage.run_path}/{METRICS_FILE}", err) from err
+        raise failed("write", f"{storage.run_path}/{METRICS_FILE}", err) from err
 
 
 def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
@@ -394,7 +336,7 @@ def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
     except FileNotFoundError:
         pass
     except storage_errors() as err:
-        raise _failed("remove", marker, err) from err
+        raise failed("remove", marker, err) from err
     if not with_folder:
         return
     try:
@@ -402,7 +344,7 @@ def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
     except FileNotFoundError:
         pass
     except storage_errors() as err:
-        raise _failed("remove", path, err) from err
+        raise failed("remove", path, err) from err
 
 
 # --------------------------------------------------------------------- reading back

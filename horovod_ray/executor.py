@@ -15,6 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.checkpoints import store
+from horovod_ray.checkpoints.validation import VALIDATION_ENV, Validator
 from horovod_ray.errors import ConfigError, ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
@@ -142,6 +143,7 @@ class RayExecutor:
         self._calls = CallGate(self._lifecycle)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
+        self._validator: Validator | None = None  # the run's validations, once started
 
     # ----------------------------------------------------------------- introspection
 
@@ -234,6 +236,8 @@ class RayExecutor:
         )
         if self.settings.storage is not None:
             env.update(store.job_env(self.settings.storage))
+        if self.settings.validation is not None:
+            env[VALIDATION_ENV] = "1"  # report(validation=...) is taken
         for key, value in self._telemetry.rank_env().items():
             env.setdefault(key, value)  # the user's HOROVOD_CACHE_CAPACITY wins
         if self.settings.timeline is not None:
@@ -262,6 +266,9 @@ class RayExecutor:
             size = len(kind.ranks)
             self._telemetry.ranks(size, size)
             self._telemetry.started(kind.start_s)
+        if self.settings.validation is not None:
+            self._validator = Validator(self.settings.storage, self.settings.validation)
+            self._validator.start()
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
@@ -396,17 +403,22 @@ class RayExecutor:
         busy, moved = self._calls.close()  # no call begins once this moved
         if moved:
             grace_s = 0 if busy else STOP_GRACE_S
-            lifecycle.end(lambda: self._release(grace_s=grace_s), ExecutorState.STOPPED)
+            release = lambda: self._release(grace_s=grace_s, finish=not busy)  # noqa: E731
+            lifecycle.end(release, ExecutorState.STOPPED)
         elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
             # Another thread is stopping it (a stop(), a failed call): released once it ends.
             logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
 
     shutdown = stop
 
-    def _release(self, grace_s: float) -> None:
-        """Stops the job's ranks, then keeps only what the storage's ``num_to_keep``
-        says: the checkpoint the job started from was kept while its ranks might read it."""
+    def _release(self, grace_s: float, finish: bool = False) -> None:
+        """Stops the job's ranks; then waits for the validations asked for when the job
+        ``finish``-ed (else they stay pending for the next job); then keeps only what
+        the storage's ``num_to_keep`` says: the checkpoint the job started from was kept
+        while its ranks might read it."""
         self._job.stop(grace_s=grace_s)
+        if self._validator is not None:
+            self._validator.finish() if finish else self._validator.cancel()
         if self.settings.storage is not None:
             store.prune(self.settings.storage)
 

@@ -50,6 +50,7 @@ def run(
     find_stragglers: bool = False,
     timeline: str | None = None,
     local: bool = False,
+    validation_config: Any = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -123,6 +124,11 @@ def run(
             debugger (``pdb.set_trace()`` and breakpoints stop in it); ``report``,
             ``log``, ``get_checkpoint`` and ``get_context`` work as on a rank. Only with
             one rank (``num_hosts`` and ``num_slots`` 1 or unset) and no restarts.
+            Validations then run in threads of this process, not as Ray tasks.
+        validation_config: A ``ray.train.ValidationConfig(fn=...)``: the checkpoints
+            reported with ``validation=True`` are validated by ``fn`` in Ray tasks, one at
+            a time, and its metrics merged into theirs; ``run()`` returns once every one
+            has ended (``checkpoints.validation``). Needs ``storage_path``.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -160,6 +166,7 @@ def run(
         report_values=report_values,
         find_stragglers=find_stragglers,
         timeline=timeline,
+        validation_config=validation_config,
     )
     elastic = min_workers is not None or max_workers is not None
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)

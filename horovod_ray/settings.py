@@ -15,7 +15,9 @@ import os
 from typing import Iterable, Mapping
 
 from horovod_ray.checkpoints import spec
+from horovod_ray.checkpoints import validation as validations
 from horovod_ray.checkpoints.spec import RunStorage
+from horovod_ray.checkpoints.validation import Validation
 from horovod_ray.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -150,6 +152,10 @@ class Settings:
         timeline: A path on the driver: rank 0 records horovod's timeline (a Chrome
             trace, ``HOROVOD_TIMELINE``) wherever it runs, and the file is written here
             when the job stops (a static job's; None: no timeline).
+        validation: The run's ``ValidationConfig``, checked
+            (``create_settings(validation_config=...)``): ``report(validation=...)``'s
+            checkpoints are validated by its function (``checkpoints.validation``).
+            Needs ``storage``.
     """
 
     timeout_s: float = 120
@@ -164,6 +170,7 @@ class Settings:
     report_values: bool = False
     find_stragglers: bool = False
     timeline: str | None = None
+    validation: Validation | None = None
 
     def __post_init__(self) -> None:
         if self.timeline is not None:
@@ -203,6 +210,16 @@ class Settings:
             raise ConfigError(
                 "storage", "storage must come from create_settings(storage_path=..., name=...)"
             )
+        if self.validation is not None and not isinstance(self.validation, Validation):
+            raise ConfigError(
+                "validation", "validation must come from create_settings(validation_config=...)"
+            )
+        if self.validation is not None and self.storage is None:
+            raise ConfigError(
+                "validation_config",
+                "validation_config is given but storage_path is not: a validation reads a "
+                "checkpoint the run persisted; give storage_path",
+            )
 
 
 def create_settings(
@@ -223,6 +240,7 @@ def create_settings(
     report_values: bool = False,
     find_stragglers: bool = False,
     timeline: str | None = None,
+    validation_config: object = None,
 ) -> Settings:
     """Builds validated job settings (see :class:`Settings`).
 
@@ -238,7 +256,9 @@ def create_settings(
     resumes from the latest checkpoint there (``horovod_ray.get_checkpoint()``); see
     ``horovod_ray.checkpoints.spec.create``. ``name`` also names the job in its metrics
     and in ``horovod-ray status``; ``metrics``, ``report_values``, ``find_stragglers`` and
-    ``timeline`` are :class:`Settings`'.
+    ``timeline`` are :class:`Settings`'. ``validation_config`` (a
+    ``ray.train.ValidationConfig``) is Ray Train's trainer's: it validates the
+    checkpoints reported with ``validation=True`` (needs ``storage_path``).
 
     Raises:
         ConfigError: A value is out of range or of the wrong type.
@@ -270,6 +290,7 @@ def create_settings(
         report_values=report_values,
         find_stragglers=find_stragglers,
         timeline=timeline,
+        validation=validations.check_config(validation_config),
     )
 
 
@@ -294,6 +315,7 @@ MANAGED_ENV = frozenset(
         spec.STORAGE_ENV,
         spec.CHECKPOINT_ENV,
         spec.FIRST_INDEX_ENV,
+        validations.VALIDATION_ENV,
         "HOROVOD_RAY_JOB_ID",
         "HOROVOD_RAY_JOB_NAME",
         "HOROVOD_RAY_METRICS",

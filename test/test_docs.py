@@ -56,7 +56,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 17
+    assert len(PYTHON) == 18
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -76,6 +76,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         "scaling_config=ScalingConfig(num_workers=2)",
         'print("horovod_ray", result.metrics',
         "get_preemption_info() is not None",
+        "validation_config=ValidationConfig(evaluate)",
     ):
         assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
@@ -105,6 +106,15 @@ def test_checkpoints_snippet(joined):
     # Its asserts: resumed.
     out = run_fresh_python(_block("CheckpointConfig(num_to_keep=2)"), SNIPPET_S, join_ray=True)
     assert out.splitlines()[-1] == "4 [3, 4]"
+
+
+def test_checkpoints_validation_snippet(joined):
+    out = run_fresh_python(
+        _block("validation_config=ValidationConfig(evaluate)"), SNIPPET_S, join_ray=True
+    )
+    losses, best = out.strip().splitlines()[-2:]
+    assert losses == "[1.5, 0.5, 0.5]"
+    assert best.endswith("/validated/checkpoint_000003")
 
 
 def test_cloud_pages_preemption_snippet(joined):

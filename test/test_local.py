@@ -49,7 +49,7 @@ from ray.train import Checkpoint
 
 import horovod_ray
 
-def train(steps):
+def train(steps, validation=False):
     import horovod.torch as hvd
     import torch
 
@@ -62,7 +62,8 @@ def train(steps):
     for step in range(start + 1, start + steps + 1):
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "step").write_text(str(step))
-            horovod_ray.report({"step": step}, checkpoint=Checkpoint.from_directory(folder))
+            checkpoint = Checkpoint.from_directory(folder)
+            horovod_ray.report({"step": step}, checkpoint=checkpoint, validation=validation)
     total = float(hvd.allreduce(torch.ones(1), op=hvd.Sum))
     notice = horovod_ray.get_preemption_info()  # nothing drains under a local run
     return start, total, context.get_world_rank(), context.get_experiment_name(), notice
@@ -70,10 +71,21 @@ def train(steps):
 storage, heard = tempfile.mkdtemp(), []
 first = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here",
                         callbacks=[heard.append])
-second = horovod_ray.run(train, args=[2], local=True, storage_path=storage, name="here")
-import ray
-
 import os
+
+import ray
+from ray.train import ValidationConfig
+
+def validate(checkpoint):  # in a thread of this process
+    return {"validated_in": os.getpid(), "thread": threading.current_thread().name}
+
+second = horovod_ray.run(train, args=[2, True], local=True, storage_path=storage, name="here",
+                         validation_config=ValidationConfig(validate))
+validated = [
+    (m["step"], m["validated_in"] == os.getpid(), m["thread"])
+    for _, m in horovod_ray.Result.from_path(f"{storage}/here").best_checkpoints
+    if "thread" in m
+]
 
 def broken():
     raise ValueError("a bug")
@@ -87,7 +99,8 @@ try:
 except horovod_ray.HorovodRayError:
     outside = "no context"
 left = sorted(key for key in os.environ if key.startswith("HOROVOD_"))
-print(first, second, heard, ray.is_initialized(), threading.active_count(), outside, left)
+print(first, second, heard, validated)
+print(ray.is_initialized(), threading.active_count(), outside, left)
 """
 
 
@@ -98,11 +111,12 @@ def test_a_local_run_reports_persists_and_resumes_without_ray():
     assert out.returncode == 0, out.stderr[-3000:]
     # No Ray, no thread, no context and none of the rank's variables left after each run
     # (the last one raised).
-    assert out.stdout.splitlines()[-1] == (
+    # The second run's validations ran in this process, in threads that have ended.
+    assert out.stdout.splitlines()[-2:] == [
         "[(0, 1.0, 0, 'here', None)] [(2, 1.0, 0, 'here', None)] [{'step': 1}, {'step': 2}] "
-        "False 1 "
-        "no context []"
-    )
+        "[(3, True, 'horovod_ray-validate'), (4, True, 'horovod_ray-validate')]",
+        "False 1 no context []",
+    ]
 
 
 @pytest.mark.unit

@@ -151,3 +151,76 @@ def test_a_consistency_mode_ray_does_not_have_is_refused():
     with pytest.raises(ConfigError) as raised:
         horovod_ray.get_all_reported_checkpoints("EVENTUAL")
     assert raised.value.parameter == "consistency_mode"
+
+
+def _validated(storage_path: str) -> dict:
+    import tempfile
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.v2.api.validation_config import ValidationTaskConfig
+
+    import horovod_ray
+
+    hvd.init()
+    requests = [
+        True,  # the run's fn_kwargs: scale 2
+        ValidationTaskConfig(fn_kwargs={"scale": 10}),
+        ValidationTaskConfig(fn_kwargs={"fail": True}),
+        ValidationTaskConfig(fn_kwargs={"sleep_s": 60}, timeout_s=1),
+    ]
+    for step, validation in enumerate(requests, 1):
+        folder = tempfile.mkdtemp()
+        Path(folder, "step").write_text(str(step))
+        checkpoint = Checkpoint.from_directory(folder)
+        horovod_ray.report({"step": step}, checkpoint=checkpoint, validation=validation)
+    # VALIDATED (the default): rank 0 waits until each validation has ended.
+    reported = horovod_ray.get_all_reported_checkpoints() if hvd.rank() == 0 else []
+    hvd.allreduce(torch.tensor(0.0), name="validated")
+    return {
+        "pid": os.getpid(),
+        "reported": [(r.status.value, r.metrics) for r in reported],
+    }
+
+
+def _validate(checkpoint, scale=1, fail=False, sleep_s=0):
+    import time
+    from pathlib import Path
+
+    if fail:
+        raise RuntimeError("no validation set")
+    time.sleep(sleep_s)
+    with checkpoint.as_directory() as folder:
+        step = int(Path(folder, "step").read_text())
+    return {"val_score": scale * step, "pid": os.getpid()}
+
+
+def test_validation_runs_fn_in_a_ray_task_and_merges_its_metrics(ray_4cpu, tmp_path):
+    from ray.train import ValidationConfig
+    from ray.train.v2.api.validation_config import ValidationTaskConfig
+
+    rank0, rank1 = horovod_ray.run(
+        _validated,
+        args=[str(tmp_path)],
+        num_slots=2,
+        storage_path=str(tmp_path),
+        name="validated",
+        validation_config=ValidationConfig(
+            _validate, task_config=ValidationTaskConfig(fn_kwargs={"scale": 2})
+        ),
+    )
+    statuses = [(status, metrics.get("val_score")) for status, metrics in rank0["reported"]]
+    assert statuses == [
+        ("VALIDATED", 2),
+        ("VALIDATED", 20),
+        ("VALIDATION_FAILED", None),
+        ("VALIDATION_TIMEOUT", None),
+    ]
+    validated_in = {metrics["pid"] for _, metrics in rank0["reported"][:2]}
+    assert not validated_in & {rank0["pid"], rank1["pid"], os.getpid()}  # Ray tasks
+    result = horovod_ray.Result.from_path(str(tmp_path / "validated"))
+    assert result.get_best_checkpoint("val_score", "max").path.endswith("checkpoint_000002")
+    marker = (tmp_path / "validated" / "checkpoint_000003.json").read_text()
+    assert "RuntimeError: no validation set" in marker

@@ -16,6 +16,9 @@ _NAME = re.compile(r"^checkpoint_(\d{6,})(\.json)?$")
 METRICS_FILE = "metrics.json"
 # A JSON file being written: its name, a random part, this suffix (see files.write_json).
 PARTIAL_SUFFIX = ".partial"
+# A committed checkpoint whose validation (``report(validation=...)``) has not ended: the
+# status Ray Train's ``ReportedCheckpoint`` gives it (see ``validation``).
+PENDING_VALIDATION = "PENDING_VALIDATION"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,16 +31,26 @@ class Entry:
         metrics: The metrics reported with it (from the marker; {} when not committed).
         named: Its folder's name when its marker names one (``checkpoint_dir_name``);
             None: ``checkpoint_`` and its number.
+        validation: Its validation's record when one was asked for: ``status`` (Ray
+            Train's ``ReportedCheckpointStatus`` name), ``request`` (``fn_kwargs``,
+            ``timeout_s``) and, once it failed, ``error``; {} when none was.
     """
 
     index: int
     committed: bool
     metrics: dict = dataclasses.field(default_factory=dict)
     named: str | None = None
+    validation: dict = dataclasses.field(default_factory=dict)
 
     @property
     def folder(self) -> str:
         return self.named or folder_name(self.index)
+
+    @property
+    def status(self) -> str:
+        """Ray Train's status for it: ``COMMITTED`` without a validation, else its
+        validation's (``PENDING_VALIDATION``, ``VALIDATED``, ...)."""
+        return self.validation.get("status") or "COMMITTED"
 
 
 def folder_name(index: int) -> str:
@@ -90,12 +103,21 @@ def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[
         return sorted(committed, key=lambda entry: -entry.index)
 
     def key(entry: Entry) -> tuple[int, float, int]:
-        value = flatten(entry.metrics).get(attribute)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        value = score(entry, attribute)
+        if value is None:
             return (1, 0.0, -entry.index)
         return (0, -value if order == "max" else value, -entry.index)
 
     return sorted(committed, key=key)
+
+
+def score(entry: Entry, attribute: str) -> float | None:
+    """The checkpoint's ``attribute`` (a nested one by its "/" path), None unless it is a
+    number."""
+    value = flatten(entry.metrics).get(attribute)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return None
+    return value
 
 
 def to_remove(
@@ -109,10 +131,11 @@ def to_remove(
     """Which checkpoint numbers to remove after a commit, or once a job has ended.
 
     Kept: the ``num_to_keep`` best, the latest whatever its score (a restart resumes
-    from it, as Ray Train keeps it), and ``protected`` (the one the job started from,
-    which its ranks may still read). Removed too: unfinished folders numbered below
-    ``stale_below`` (uploads of earlier jobs, cut off when they failed; one numbered
-    higher may be an upload still under way).
+    from it, as Ray Train keeps it), ``protected`` (the one the job started from, which
+    its ranks may still read), and those pending validation (a validation reads it, and
+    its metrics may rank it among the best, as Ray Train keeps them). Removed too:
+    unfinished folders numbered below ``stale_below`` (uploads of earlier jobs, cut off
+    when they failed; one numbered higher may be an upload still under way).
 
     Example: numbers 1..4 committed with loss 0.5, 0.2, 0.9, 0.7, num_to_keep 2, "loss"
     by "min": 2 and 1 are the best, 4 is the latest, so 3 goes.
@@ -127,6 +150,7 @@ def to_remove(
     if newest is not None:
         keep.add(newest.index)
     keep.add(protected)
+    keep.update(entry.index for entry in best if entry.status == PENDING_VALIDATION)
     return removed + sorted(entry.index for entry in best if entry.index not in keep)
 
 

@@ -101,3 +101,26 @@ class Result:
                 if entry.committed
             ],
         )
+
+    def get_best_checkpoint(self, metric: str, mode: str) -> Any:
+        """The kept checkpoint with the best ``metric`` (a nested one by its path,
+        ``"val/loss"``), as Ray Train's ``Result.get_best_checkpoint``; the newest of
+        equals. None when no kept checkpoint has it as a number.
+
+        Args:
+            metric: The metric's name.
+            mode: ``"max"`` (higher is better) or ``"min"``.
+
+        Raises:
+            ConfigError: ``mode`` is neither.
+        """
+        if mode not in spec.ORDERS:
+            raise ConfigError("mode", f"mode must be 'max' or 'min', got {mode!r}")
+        entries = [
+            choices.Entry(number, True, metrics)
+            for number, (_, metrics) in enumerate(self.best_checkpoints)
+        ]
+        best = choices.ranked(entries, metric, mode)
+        if not best or choices.score(best[0], metric) is None:
+            return None
+        return self.best_checkpoints[best[0].index][0]

@@ -8,6 +8,9 @@ Layout, under ``storage_path/name``::
     checkpoint_000004.json    its marker, which names its folder
     metrics.json              the last metrics reported, with or without a checkpoint
 
+A marker also records a validation asked for with the checkpoint (``validation``): the
+driver's ``Validator`` writes its outcome into it, metrics merged.
+
 Checkpoints are numbered in the order they are committed, whatever their folders' names;
 a marker names its folder when that is not ``checkpoint_`` and the number. A checkpoint
 folder without its marker is an upload that did not finish (the job failed during it):
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from horovod_ray.checkpoints.choices import (
     METRICS_FILE,
+    PENDING_VALIDATION,
     Entry,
     dir_name_problem,
     folder_name,
@@ -75,10 +79,13 @@ def index_at(storage: RunStorage, path: str | None) -> int | None:
 
 
 def list_entries(
-    storage: RunStorage, infos: list[pyarrow.fs.FileInfo] | None = None
+    storage: RunStorage,
+    infos: list[pyarrow.fs.FileInfo] | None = None,
+    skip: frozenset[int] | set[int] = frozenset(),
 ) -> list[Entry]:
     """The checkpoints in the run's folder (none if it does not exist yet), from its
-    listing ``infos`` when the caller has one.
+    listing ``infos`` when the caller has one; those numbered in ``skip`` are left out,
+    their markers unread.
 
     Raises:
         CheckpointError: The storage could not be read.
@@ -97,7 +104,7 @@ def list_entries(
         elif not is_marker and info.type == pyarrow.fs.FileType.Directory:
             folders.add(index)
     entries = []
-    for index in sorted(folders | markers):
+    for index in sorted((folders | markers) - set(skip)):
         marker = read_json(storage, f"{folder_name(index)}.json") if index in markers else None
         marker = marker if isinstance(marker, dict) else {}
         committed = isinstance(marker.get("metrics"), dict)
@@ -111,7 +118,10 @@ def list_entries(
                 index, folder_name(index), named, folder_name(index),
             )  # fmt: skip
             named = None
-        entries.append(Entry(index, committed, marker["metrics"] if committed else {}, named))
+        validation = marker.get("validation")
+        validation = validation if committed and isinstance(validation, dict) else {}
+        metrics = marker["metrics"] if committed else {}
+        entries.append(Entry(index, committed, metrics, named, validation))
     return entries
 
 
@@ -131,6 +141,7 @@ def commit(
     stale_below: int = 1,
     upload_fn: Any = None,
     dir_name: str | None = None,
+    validation: dict | None = None,
 ) -> int:
     """Uploads ``local_dir`` as the run's next checkpoint, then writes its marker, then
     removes what the run no longer keeps (see :func:`to_remove`). With ``dir_name``, in
@@ -152,6 +163,8 @@ def commit(
             checkpoint and its destination folder instead of pyarrow's copy.
         dir_name: ``report(checkpoint_dir_name=...)``: the checkpoint's folder in the
             run's (see :func:`dir_name_problem`).
+        validation: ``report(validation=...)``'s request (``validation.task_request``):
+            the marker records it as pending, for the driver's ``Validator``.
 
     Returns:
         The checkpoint's number.
@@ -169,8 +182,12 @@ def commit(
     destination = checkpoint_path(storage, entry)
     # Encoded before anything is uploaded: metrics that cannot be stored fail here, not
     # after the files, where they would leave a folder without its marker.
-    fields = {"index": index, "metrics": metrics, "time": time.time()}
-    marker = encoded(fields if dir_name is None else {**fields, "folder": dir_name})
+    fields: dict[str, Any] = {"index": index, "metrics": metrics, "time": time.time()}
+    if dir_name is not None:
+        fields["folder"] = dir_name
+    if validation is not None:
+        fields["validation"] = {"status": PENDING_VALIDATION, "request": validation}
+    marker = encoded(fields)
     try:
         if dir_name is not None:
             _make_room(storage, entries, entry, stale_below, in_place=local_dir is None)

@@ -93,6 +93,7 @@ class Uploader:
         delete_after: bool = False,
         dir_name: str | None = None,
         in_place: bool = False,
+        validation: dict | None = None,
     ) -> None:
         """Stages ``checkpoint`` (a ``ray.train.Checkpoint``) and queues its upload (by
         ``upload_fn(checkpoint, destination)`` when given: see ``report``), into the
@@ -100,6 +101,7 @@ class Uploader:
         removed once the checkpoint is committed. ``in_place``: the checkpoint is the
         run's folder ``dir_name`` already (``NO_UPLOAD``): nothing is staged or copied,
         its commit only writes its marker (in turn with the uploads before it).
+        ``validation``: the report's validation request, recorded in the marker.
 
         Raises:
             ConfigError: ``metrics`` cannot be stored.
@@ -126,7 +128,7 @@ class Uploader:
             self._staged += 1
             self._watch.upload_queue(self._staged)
         source = checkpoint.path if delete_after else None
-        self._queue.put((sequence, staging, metrics, upload_fn, source, dir_name))
+        self._queue.put((sequence, staging, metrics, upload_fn, source, dir_name, validation))
 
     def submit_metrics(self, metrics: dict) -> None:
         """Queues ``metrics`` as the run's last ones; a newer call replaces a waiting one.
@@ -224,7 +226,7 @@ class Uploader:
                     self._write_metrics(sequence, metrics)
                     self._handle(sequence)
                     continue
-                sequence, staging, metrics, upload_fn, source, dir_name = item
+                sequence, staging, metrics, upload_fn, source, dir_name, validation = item
                 try:
                     if self._error is None:  # after one failure, nothing more is committed
                         size = 0 if staging is None else _folder_bytes(staging)
@@ -237,6 +239,7 @@ class Uploader:
                             self._stale_below,
                             upload_fn,
                             dir_name,
+                            validation,
                         )
                         self._watch.upload_done(time.perf_counter() - began, size)
                         if source is not None:  # report(delete_local_...=True): committed

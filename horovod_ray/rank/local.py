@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
+from horovod_ray.checkpoints.validation import VALIDATION_ENV, Validator
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import logs, report
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
@@ -50,6 +51,7 @@ _OUTER = (
     STORAGE_ENV,
     CHECKPOINT_ENV,
     FIRST_INDEX_ENV,
+    VALIDATION_ENV,
 )
 
 
@@ -88,6 +90,10 @@ def run_here(
         rank_env.update(store.job_env(settings.storage))
     if settings.timeline is not None:
         rank_env["HOROVOD_TIMELINE"] = settings.timeline
+    validator = None
+    if settings.validation is not None:
+        rank_env[VALIDATION_ENV] = "1"
+        validator = Validator(settings.storage, settings.validation, in_process=True)
     rank_env = {**rank_env, **env}
     rank_env.pop(TIMELINE_ENV, None)
     saved = {key: os.environ.get(key) for key in {*rank_env, *_OUTER}}
@@ -98,8 +104,12 @@ def run_here(
     os.environ.update(rank_env)
     logs._channel = _Direct(callbacks)
     try:
+        if validator is not None:
+            validator.start()
         result = fn(*args, **kwargs)
         report.flush()  # its checkpoints are persisted before run() returns
+        if validator is not None:
+            validator.finish()  # and validated
         return [result]
     finally:
         try:
@@ -113,6 +123,8 @@ def run_here(
             try:
                 _shutdown_horovod(running_before)
                 report.close_uploader()
+                if validator is not None:
+                    validator.cancel()  # a failed function's stay pending
             finally:
                 if settings.storage is not None:
                     store.prune(settings.storage)

@@ -23,9 +23,12 @@ import atexit
 import logging
 import os
 import sys
+import time
 from typing import Any, Mapping
 
 from horovod_ray.checkpoints import store
+from horovod_ray.checkpoints import validation as validations
+from horovod_ray.checkpoints.choices import PENDING_VALIDATION
 from horovod_ray.checkpoints.metrics import checked_metrics, plain
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
@@ -95,8 +98,13 @@ def report(
             checkpoint must be at ``destination``.
         Under Tune, the checkpoint goes to Tune's own report: ``checkpoint_dir_name``,
         ``checkpoint_upload_mode``, ``delete_local_checkpoint_after_upload`` and
-        ``checkpoint_upload_fn`` are refused there.
-        validation: Refused when true: Ray Train's validation tasks are not supported.
+        ``checkpoint_upload_fn`` are refused there, as is ``validation``.
+        validation: True: once the checkpoint is committed, the run's
+            ``ValidationConfig.fn`` validates it in a Ray task and the metrics it returns
+            are merged into the checkpoint's (``ray.train.ValidationTaskConfig``: with
+            its ``fn_kwargs`` over the run's, and its ``timeout_s``); see
+            ``checkpoints.validation``. Needs a checkpoint and the run's
+            ``validation_config`` (``run()``, ``create_settings``). Refused under Tune.
 
     Raises:
         ConfigError: ``metrics`` is not a mapping with str keys, ``checkpoint`` not a
@@ -115,14 +123,17 @@ def report(
         checkpoint_upload_mode,
         delete_local_checkpoint_after_upload,
         checkpoint_upload_fn,
-        validation,
     )
     rank_metrics.reported(metrics)
     if _tune_session is not None:
         options.refuse_under_tune(checkpoint_dir_name, checkpoint_upload_mode,
-                           delete_local_checkpoint_after_upload, checkpoint_upload_fn)  # fmt: skip
+                           delete_local_checkpoint_after_upload, checkpoint_upload_fn,
+                           validation)  # fmt: skip
         _tune_session.report(metrics, checkpoint=checkpoint)
         return
+    request = validations.task_request(
+        validation, checkpoint is not None, os.environ.get(validations.VALIDATION_ENV) == "1"
+    )
     if logs._rank_now() != 0:
         if delete_local and checkpoint is not None:
             options.delete_local(checkpoint)  # dropped here: gone, as Ray's workers' are
@@ -156,6 +167,7 @@ def report(
             delete_local and options.on_this_node(checkpoint),
             checkpoint_dir_name,
             in_place,
+            request,
         )
         if sync or just_in_time:
             uploader.flush()
@@ -166,18 +178,21 @@ def report(
 def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float | None = None):
     """The checkpoints this run has committed so far, oldest first, each with its
     metrics (as ``ray.train.get_all_reported_checkpoints``). On rank 0, first waits for
-    the uploads of its reports so far (up to ``timeout_s``; None: as long as they take);
-    another rank reads what is committed now.
+    the uploads of its reports so far; another rank reads what is committed now. With
+    VALIDATED, then waits until no committed checkpoint's validation is under way (in a
+    run with a ``validation_config``).
 
     Args:
-        consistency_mode: Ray's ``CheckpointConsistencyMode``: COMMITTED and VALIDATED
-            (the default) both wait for the commit (no validation runs here).
-        timeout_s: The longest wait for rank 0's uploads.
+        consistency_mode: Ray's ``CheckpointConsistencyMode``: COMMITTED, or VALIDATED
+            (the default).
+        timeout_s: The longest wait, for both; None: as long as they take. Past it, the
+            checkpoints as they are then.
 
     Returns:
         ``ray.train``'s ``ReportedCheckpoint`` records (``checkpoint``, ``metrics``,
-        ``status`` COMMITTED); [] without a storage path. The keep policy may have
-        removed older ones.
+        ``status``: COMMITTED without a validation, else PENDING_VALIDATION,
+        VALIDATED, VALIDATION_FAILED or VALIDATION_TIMEOUT); [] without a storage path.
+        The keep policy may have removed older ones.
 
     Raises:
         CheckpointError: An upload failed, or the storage cannot be read.
@@ -200,6 +215,7 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
     storage = RunStorage.from_env()
     if storage is None:
         return []
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     if _uploader is not None:
         _uploader.finish_submitted(timeout_s)  # None: as long as they take
         _uploader.raise_failure()
@@ -208,14 +224,20 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
         ReportedCheckpointStatus,
     )
 
+    entries = [entry for entry in store.list_entries(storage) if entry.committed]
+    if mode != "COMMITTED" and os.environ.get(validations.VALIDATION_ENV) == "1":
+        while any(entry.status == PENDING_VALIDATION for entry in entries) and (
+            deadline is None or time.monotonic() < deadline
+        ):
+            time.sleep(validations.POLL_S)
+            entries = [entry for entry in store.list_entries(storage) if entry.committed]
     return [
         ReportedCheckpoint(
             store.as_checkpoint(storage, entry),
             entry.metrics,
-            ReportedCheckpointStatus.COMMITTED,
+            ReportedCheckpointStatus(entry.status),
         )
-        for entry in store.list_entries(storage)
-        if entry.committed
+        for entry in entries
     ]
 
 

@@ -14,7 +14,7 @@ from horovod_ray.errors import ConfigError
 
 
 def upload_options(
-    dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any, validation: Any
+    dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any
 ) -> tuple[bool, bool, bool]:
     """Checks ``ray.train.report``'s upload parameters; whether the upload is synchronous,
     whether the checkpoint's folder goes once copied, and whether it is committed where
@@ -24,11 +24,6 @@ def upload_options(
         ConfigError: A parameter this package does not honour, or a bad value, named,
             with what to do.
     """
-    if validation:
-        raise ConfigError(
-            "validation",
-            "report() does not support validation: Ray Train's validation tasks are not supported",
-        )
     problem = None if dir_name is None else choices.dir_name_problem(dir_name)
     if problem is not None:
         raise ConfigError("checkpoint_dir_name", f"checkpoint_dir_name {problem}")
@@ -151,7 +146,9 @@ def _local_storage(storage: RunStorage) -> bool:
     return isinstance(storage.filesystem, pyarrow.fs.LocalFileSystem)
 
 
-def refuse_under_tune(dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any) -> None:
+def refuse_under_tune(
+    dir_name: Any, mode: Any, delete_local: Any, upload_fn: Any, validation: Any
+) -> None:
     """Under Tune the trial's checkpoint goes through Tune's own report.
 
     Raises:
@@ -162,6 +159,7 @@ def refuse_under_tune(dir_name: Any, mode: Any, delete_local: Any, upload_fn: An
         ("checkpoint_upload_mode", mode is not None),
         ("delete_local_checkpoint_after_upload", delete_local is not None),
         ("checkpoint_upload_fn", upload_fn is not None),
+        ("validation", validation not in (None, False)),
     ):
         if given:
             raise ConfigError(

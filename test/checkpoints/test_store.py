@@ -412,7 +412,7 @@ def test_a_checkpoint_without_the_score_attribute_is_logged_once_and_never_beats
 @pytest.mark.parametrize(
     "kwargs, parameter",
     [
-        ({"validation": True}, "validation"),
+        ({"validation": "yes"}, "validation"),
         ({"checkpoint_upload_mode": "EVENTUALLY"}, "checkpoint_upload_mode"),
         ({"checkpoint_upload_fn": "s3"}, "checkpoint_upload_fn"),
         ({"delete_local_checkpoint_after_upload": "yes"}, "delete_local_checkpoint_after_upload"),

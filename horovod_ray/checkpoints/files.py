@@ -37,9 +37,14 @@ def listing(storage: RunStorage) -> list[pyarrow.fs.FileInfo]:
     """
     import pyarrow.fs
 
+    selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
     try:
-        selector = pyarrow.fs.FileSelector(storage.run_path, allow_not_found=True)
-        return storage.filesystem.get_file_info(selector)
+        try:
+            return storage.filesystem.get_file_info(selector)
+        except FileNotFoundError:
+            # Made while it was listed (rank 0's NO_UPLOAD folder, a first commit): the
+            # listing failed, then found it there. It is there now.
+            return storage.filesystem.get_file_info(selector)
     except storage_errors() as err:
         raise failed("list the run's folder", storage.run_path, err) from err
 

@@ -3,6 +3,7 @@ travels to a rank, and the upload thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 
 from horovod_ray import CheckpointError, ConfigError, Result
-from horovod_ray.checkpoints import choices, spec, store, upload
+from horovod_ray.checkpoints import choices, files, spec, store, upload
 from horovod_ray.checkpoints.choices import Entry
 from horovod_ray.rank import report
 
@@ -446,3 +447,23 @@ def test_a_wait_for_the_reports_made_so_far_does_not_wait_for_later_ones(tmp_pat
     released[2].set()
     assert uploader.finish_submitted(30)
     assert [e.metrics for e in store.list_entries(uploader.storage)] == [{"step": 1}, {"step": 2}]
+
+
+def test_a_run_folder_made_while_it_is_listed_is_listed(tmp_path):
+    """pyarrow's local listing fails when the folder appears between its two looks (a
+    rank writing a NO_UPLOAD folder while the first commit lists): once, it is there."""
+    storage = spec.create(str(tmp_path), "run")
+
+    class Appearing:
+        def __init__(self):
+            self.calls = 0
+
+        def get_file_info(self, selector):
+            self.calls += 1
+            if self.calls == 1:
+                (tmp_path / "run").mkdir()
+                raise FileNotFoundError("Cannot list directory: [errno 2]")
+            return storage.filesystem.get_file_info(selector)
+
+    appearing = dataclasses.replace(storage, filesystem=Appearing())
+    assert files.listing(appearing) == []

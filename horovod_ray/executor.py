@@ -15,7 +15,8 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.checkpoints import store
-from horovod_ray.checkpoints.validation import VALIDATION_ENV, Validator
+from horovod_ray.checkpoints.validation import VALIDATION_ENV
+from horovod_ray.checkpoints.validator import Validator
 from horovod_ray.errors import ConfigError, ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
@@ -416,11 +417,17 @@ class RayExecutor:
         ``finish``-ed (else they stay pending for the next job); then keeps only what
         the storage's ``num_to_keep`` says: the checkpoint the job started from was kept
         while its ranks might read it."""
-        self._job.stop(grace_s=grace_s)
-        if self._validator is not None:
-            self._validator.finish() if finish else self._validator.cancel()
-        if self.settings.storage is not None:
-            store.prune(self.settings.storage)
+        stopped = False
+        try:
+            self._job.stop(grace_s=grace_s)
+            stopped = True
+        finally:
+            try:
+                if self._validator is not None:
+                    self._validator.finish() if finish and stopped else self._validator.cancel()
+            finally:
+                if self.settings.storage is not None:
+                    store.prune(self.settings.storage)
 
     def __enter__(self) -> RayExecutor:
         if self.state is ExecutorState.CREATED:

@@ -224,3 +224,70 @@ def test_validation_runs_fn_in_a_ray_task_and_merges_its_metrics(ray_4cpu, tmp_p
     assert result.get_best_checkpoint("val_score", "max").path.endswith("checkpoint_000002")
     marker = (tmp_path / "validated" / "checkpoint_000003.json").read_text()
     assert "RuntimeError: no validation set" in marker
+
+
+def _fails_while_validating(hold: str) -> None:
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from ray.train import Checkpoint
+
+    import horovod_ray
+
+    folder = tempfile.mkdtemp()
+    Path(folder, "step").write_text("1")
+    horovod_ray.report({"step": 1}, checkpoint=Checkpoint.from_directory(folder), validation=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(f"{hold}.pid") and time.monotonic() < deadline:
+        time.sleep(0.1)  # until its validation is under way
+    raise RuntimeError("failed while its checkpoint was validated")
+
+
+def _held(checkpoint, hold):
+    import time
+    from pathlib import Path
+
+    Path(f"{hold}.pid").write_text(str(os.getpid()))
+    while os.path.exists(hold):
+        time.sleep(0.1)
+    return {"validated": True}
+
+
+def test_a_failed_jobs_validation_is_cancelled_and_run_by_the_next_job(ray_4cpu, tmp_path):
+    import json
+
+    from ray.train import ValidationConfig
+    from ray.train.v2.api.validation_config import ValidationTaskConfig
+
+    from test.conftest import wait_until
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    job = {
+        "num_slots": 1,
+        "storage_path": str(tmp_path),
+        "name": "requeued",
+        "validation_config": ValidationConfig(
+            _held, task_config=ValidationTaskConfig(fn_kwargs={"hold": str(hold)})
+        ),
+    }
+    with pytest.raises(WorkerFailedError, match="while its checkpoint was validated"):
+        horovod_ray.run(_fails_while_validating, args=[str(hold)], **job)
+    marker = tmp_path / "requeued" / "checkpoint_000001.json"
+    assert json.loads(marker.read_text())["validation"]["status"] == "PENDING_VALIDATION"
+    task_pid = int((tmp_path / "hold.pid").read_text())
+
+    def ended() -> bool:
+        try:
+            os.kill(task_pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    assert wait_until(ended), "the failed job's validation task is still running"
+    hold.unlink()
+    horovod_ray.run(int, **job)  # a job that reports nothing: it runs the one left
+    recorded = json.loads(marker.read_text())
+    assert recorded["validation"]["status"] == "VALIDATED"
+    assert recorded["metrics"] == {"step": 1, "validated": True}

@@ -103,7 +103,7 @@ def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[
         return sorted(committed, key=lambda entry: -entry.index)
 
     def key(entry: Entry) -> tuple[int, float, int]:
-        value = score(entry, attribute)
+        value = score(entry.metrics, attribute)
         if value is None:
             return (1, 0.0, -entry.index)
         return (0, -value if order == "max" else value, -entry.index)
@@ -111,10 +111,10 @@ def ranked(entries: Iterable[Entry], attribute: str | None, order: str) -> list[
     return sorted(committed, key=key)
 
 
-def score(entry: Entry, attribute: str) -> float | None:
-    """The checkpoint's ``attribute`` (a nested one by its "/" path), None unless it is a
-    number."""
-    value = flatten(entry.metrics).get(attribute)
+def score(metrics: dict, attribute: str) -> float | None:
+    """A checkpoint's ``metrics``' ``attribute`` (a nested one by its "/" path), None
+    unless it is a number."""
+    value = flatten(metrics).get(attribute)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
         return None
     return value

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from horovod_ray.checkpoints import choices, files, spec, store
+from horovod_ray.checkpoints.metrics import flatten
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError, ConfigError
 
@@ -104,23 +105,30 @@ class Result:
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Any:
         """The kept checkpoint with the best ``metric`` (a nested one by its path,
-        ``"val/loss"``), as Ray Train's ``Result.get_best_checkpoint``; the newest of
-        equals. None when no kept checkpoint has it as a number.
+        ``"val/loss"``), the oldest of equals, as Ray Train's
+        ``Result.get_best_checkpoint``.
 
         Args:
             metric: The metric's name.
             mode: ``"max"`` (higher is better) or ``"min"``.
 
         Raises:
-            ConfigError: ``mode`` is neither.
+            ConfigError: ``mode`` is neither, or no kept checkpoint has ``metric`` as a
+                number (Ray raises RuntimeError for that), naming it.
         """
         if mode not in spec.ORDERS:
             raise ConfigError("mode", f"mode must be 'max' or 'min', got {mode!r}")
-        entries = [
-            choices.Entry(number, True, metrics)
+        scored = [
+            (value, number)
             for number, (_, metrics) in enumerate(self.best_checkpoints)
+            if (value := choices.score(metrics, metric)) is not None
         ]
-        best = choices.ranked(entries, metric, mode)
-        if not best or choices.score(best[0], metric) is None:
-            return None
-        return self.best_checkpoints[best[0].index][0]
+        if not scored:
+            reported = sorted({key for _, m in self.best_checkpoints for key in flatten(m)})
+            raise ConfigError(
+                "metric",
+                f"no checkpoint kept in {self.path} has {metric!r} as a number; their "
+                f"metrics: {reported}",
+            )
+        _, number = (max if mode == "max" else min)(scored, key=lambda pair: pair[0])
+        return self.best_checkpoints[number][0]

@@ -6,7 +6,7 @@ that asks for a validation has its request (``fn_kwargs``, ``timeout_s``) writte
 the checkpoint's marker, as pending, when the checkpoint is committed. The driver's
 :class:`Validator` finds such markers and runs ``fn(checkpoint, **fn_kwargs)`` as a Ray
 task, one at a time and oldest first (as Ray Train does). It writes the outcome into the
-marker:
+marker (``validator``):
 
 * ``VALIDATED``: the metrics ``fn`` returned are merged into the checkpoint's;
 * ``VALIDATION_FAILED`` or ``VALIDATION_TIMEOUT``: the metrics stay as they were.
@@ -24,12 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
-import time
 from typing import Any, Callable
 
-from horovod_ray.checkpoints import store
-from horovod_ray.checkpoints.choices import PENDING_VALIDATION, Entry, folder_name
+from horovod_ray.checkpoints.choices import PENDING_VALIDATION, folder_name
 from horovod_ray.checkpoints.files import failed, read_json, storage_errors, write_json
 from horovod_ray.checkpoints.metrics import checked_metrics, encoded, plain
 from horovod_ray.checkpoints.spec import RunStorage
@@ -46,6 +43,9 @@ TIMED_OUT = "VALIDATION_TIMEOUT"
 # How often the driver looks for new requests, and a rank for their outcomes (Ray
 # Train polls its validation tasks every second).
 POLL_S = 1.0
+# How often a validation that has not ended, or a rank waiting for one, says so (as
+# Ray Train's wait warns every minute).
+WARN_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +85,23 @@ def check_config(config: Any) -> Validation | None:
             f"validation_config.fn must be a function (checkpoint, **fn_kwargs) -> dict of "
             f"metrics, got {config.fn!r}",
         )
-    fn_kwargs, timeout_s = _task_fields(config.task_config, "validation_config.task_config")
+    task_config = config.task_config
+    if task_config is not None and not (
+        hasattr(task_config, "fn_kwargs") and hasattr(task_config, "timeout_s")
+    ):
+        raise ConfigError(
+            "validation_config",
+            f"validation_config.task_config must be a ray.train.ValidationTaskConfig or "
+            f"None, got {task_config!r}",
+        )
+    fn_kwargs, timeout_s = _task_fields(task_config, "validation_config.task_config")
     remote_kwargs = config.ray_remote_kwargs or {}
+    if not isinstance(remote_kwargs, dict) or remote_kwargs.get("num_returns", 1) != 1:
+        raise ConfigError(
+            "validation_config",
+            f"validation_config.ray_remote_kwargs must be a dict of ray.remote's options for "
+            f"a task returning one dict, got {remote_kwargs!r}",
+        )
     try:
         import cloudpickle
 
@@ -98,7 +113,7 @@ def check_config(config: Any) -> Validation | None:
             f"{type(err).__name__}: {err}",
         ) from err
     try:
-        _remote(remote_kwargs)  # Ray checks the options' names and values
+        remote(remote_kwargs)  # Ray checks the options' names and values
     except (TypeError, ValueError) as err:
         raise ConfigError(
             "validation_config",
@@ -149,6 +164,12 @@ def _task_fields(config: Any, name: str) -> tuple[dict, float | None]:
         raise ConfigError(
             parameter, f"{name}.fn_kwargs must be a dict keyed by str, got {fn_kwargs!r}"
         )
+    if "checkpoint" in fn_kwargs:
+        raise ConfigError(
+            parameter,
+            f"{name}.fn_kwargs may not hold 'checkpoint': the function is given the "
+            f"checkpoint first, as its own argument",
+        )
     try:
         json.dumps(fn_kwargs)  # the marker holds them, as Ray Train's snapshot does
     except (TypeError, ValueError) as err:
@@ -158,7 +179,9 @@ def _task_fields(config: Any, name: str) -> tuple[dict, float | None]:
             f"anything larger through the checkpoint or the function",
         ) from err
     if timeout_s is not None and (
-        isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 < timeout_s < float("inf")
     ):
         raise ConfigError(parameter, f"{name}.timeout_s must be None or > 0, got {timeout_s!r}")
     return fn_kwargs, timeout_s
@@ -186,20 +209,43 @@ def validate(fn: Callable[..., Any], kwargs: dict, checkpoint: Any) -> dict:
     return plain(checked_metrics(metrics))
 
 
+def stamp(storage: RunStorage, index: int) -> Any:
+    """What tells checkpoint ``index``'s marker from another one of that number: the
+    time it was committed.
+
+    Raises:
+        CheckpointError: The storage could not be read.
+    """
+    marker = read_json(storage, f"{folder_name(index)}.json")
+    return marker.get("time") if isinstance(marker, dict) else None
+
+
 def record(
-    storage: RunStorage, index: int, status: str, metrics: dict, error: str | None = None
+    storage: RunStorage,
+    index: int,
+    status: str,
+    metrics: dict,
+    error: str | None = None,
+    stamped: Any = None,
 ) -> bool:
     """Writes a validation's outcome into checkpoint ``index``'s marker: ``status``, the
     ``error`` of one that failed, and ``metrics`` merged into the checkpoint's (over
-    those of the same name). Whether the checkpoint was still there to take it.
+    those of the same name). Only while the marker is the one validated (``stamped``,
+    see :func:`stamp`) and still pending: a pending checkpoint is never removed, so its
+    folder is there. Whether it was written.
 
     Raises:
         CheckpointError: The storage could not be read or written.
     """
     name = f"{folder_name(index)}.json"
     marker = read_json(storage, name)
-    if not isinstance(marker, dict) or not isinstance(marker.get("metrics"), dict):
-        return False
+    if (
+        not isinstance(marker, dict)
+        or not isinstance(marker.get("metrics"), dict)
+        or (marker.get("validation") or {}).get("status") != PENDING_VALIDATION
+        or marker.get("time") != stamped
+    ):
+        return False  # removed, recorded already, or another checkpoint now
     outcome = dict(marker.get("validation") or {}, status=status)
     if error is not None:
         outcome["error"] = error
@@ -211,195 +257,9 @@ def record(
     return True
 
 
-def _remote(remote_kwargs: dict) -> Any:
+def remote(remote_kwargs: dict) -> Any:
+    """``validate`` as a Ray remote function with ``remote_kwargs`` (Ray checks them)."""
     import ray
 
     task = ray.remote(validate)
     return task.options(**remote_kwargs) if remote_kwargs else task
-
-
-# An outcome: status, metrics, error.
-Outcome = tuple[str, dict, "str | None"]
-
-
-class Validator:
-    """The driver's side of a run's validations: a thread that finds the requests in the
-    run's markers and runs them, oldest first, one at a time, as Ray tasks (with
-    ``in_process``, as threads of this process: ``run(local=True)``'s)."""
-
-    def __init__(
-        self,
-        storage: RunStorage,
-        validation: Validation,
-        in_process: bool = False,
-        poll_s: float = POLL_S,
-    ) -> None:
-        self.storage = storage
-        self._validation = validation
-        self._in_process = in_process
-        self._poll_s = poll_s
-        self._settled: set[int] = set()  # committed, with no validation pending
-        self._running: tuple[Entry, _RayTask | _ThreadTask] | None = None
-        self._outcome: tuple[Entry, Outcome] | None = None  # not yet recorded
-        self._draining = threading.Event()
-        self._stop = threading.Event()
-        self._remote: Any = None
-        self._fn: Any = validation.fn
-        self._thread = threading.Thread(
-            target=self._loop, name="horovod_ray-validation", daemon=True
-        )
-
-    def start(self) -> None:
-        if not self._in_process:
-            import ray
-
-            self._remote = _remote(self._validation.remote_kwargs)
-            self._fn = ray.put(self._validation.fn)  # pickled once, for every task
-        self._thread.start()
-
-    def finish(self) -> None:
-        """Waits until every validation asked for so far has ended and is recorded (a
-        storage that fails then leaves the rest pending, logged), then stops. Ctrl-C
-        cancels as :meth:`cancel`."""
-        self._draining.set()
-        try:
-            while self._thread.is_alive():
-                self._thread.join(0.2)
-        finally:
-            self.cancel()
-
-    def cancel(self) -> None:
-        """Stops now: the validation under way is cancelled and its checkpoint stays
-        pending, for the next job with this storage."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        if self._running is not None:
-            entry, task = self._running
-            self._running = None
-            task.cancel()
-            logger.info(
-                "the validation of checkpoint %d was cancelled; it stays pending", entry.index
-            )
-
-    def _loop(self) -> None:
-        warned = None
-        while not self._stop.is_set():
-            draining = self._draining.is_set()  # before the step: it sees every commit
-            try:
-                idle = self._step()
-            except Exception as err:  # noqa: BLE001 - any filesystem's error, tried again
-                if draining:
-                    logger.warning("validations left pending, the storage failed: %s", err)
-                    return
-                if str(err) != warned:
-                    warned = str(err)
-                    logger.warning("validations wait, the storage failed: %s", err)
-                idle = False
-            if idle and draining:
-                return
-            self._stop.wait(self._poll_s)
-
-    def _step(self) -> bool:
-        """One look: the outcome of the validation under way recorded, the next one
-        started. Whether none is pending or under way."""
-        if self._running is not None:
-            entry, task = self._running
-            outcome = task.outcome()
-            if outcome is None:
-                return False
-            self._running, self._outcome = None, (entry, outcome)
-        if self._outcome is not None:
-            entry, (status, metrics, error) = self._outcome
-            record(self.storage, entry.index, status, metrics, error)  # raises: tried again
-            self._outcome = None
-            self._settled.add(entry.index)
-            logger.info("checkpoint %d: %s %s", entry.index, status, error or metrics)
-        entries = store.list_entries(self.storage, skip=self._settled)
-        self._settled.update(
-            e.index for e in entries if e.committed and e.status != PENDING_VALIDATION
-        )
-        pending = [e for e in entries if e.status == PENDING_VALIDATION]
-        if not pending:
-            return True
-        entry = pending[0]
-        kwargs, timeout_s = task_inputs(self._validation, entry.validation.get("request") or {})
-        checkpoint = store.as_checkpoint(self.storage, entry)
-        kind = _ThreadTask if self._in_process else _RayTask
-        self._running = (entry, kind(self._remote, self._fn, kwargs, checkpoint, timeout_s))
-        logger.info("validating checkpoint %d", entry.index)
-        return False
-
-
-class _RayTask:
-    """One validation as a Ray task."""
-
-    def __init__(
-        self, remote: Any, fn: Any, kwargs: dict, checkpoint: Any, timeout_s: float | None
-    ) -> None:
-        self._ref = remote.remote(fn, kwargs, checkpoint)
-        self._began = time.monotonic()
-        self._timeout_s = timeout_s
-
-    def outcome(self) -> Outcome | None:
-        import ray
-
-        ready, _ = ray.wait([self._ref], timeout=0)
-        if ready:
-            try:
-                return VALIDATED, ray.get(self._ref), None
-            except Exception as err:  # noqa: BLE001 - the function's failure, recorded
-                cause = getattr(err, "cause", None) or err
-                logger.error("a checkpoint's validation failed: %s", err)
-                return FAILED, {}, f"{type(cause).__name__}: {cause}"
-        if self._timeout_s is not None and time.monotonic() - self._began > self._timeout_s:
-            self.cancel()
-            return TIMED_OUT, {}, f"took longer than timeout_s={self._timeout_s}"
-        return None
-
-    def cancel(self) -> None:
-        import ray
-
-        try:
-            ray.cancel(self._ref, force=True)
-        except Exception as err:  # noqa: BLE001 - it may have ended meanwhile
-            logger.debug("cancelling a validation: %s", err)
-
-
-class _ThreadTask:
-    """One validation in a thread of this process (``run(local=True)``: a debugger's
-    breakpoint in the function works). A thread cannot be stopped: one past its time
-    limit is recorded as timed out and left to end on its own."""
-
-    def __init__(
-        self, remote: Any, fn: Any, kwargs: dict, checkpoint: Any, timeout_s: float | None
-    ) -> None:
-        self._result: Outcome | None = None
-        self._began = time.monotonic()
-        self._timeout_s = timeout_s
-        self._done = threading.Event()
-        threading.Thread(
-            target=self._run,
-            args=(fn, kwargs, checkpoint),
-            name="horovod_ray-validate",
-            daemon=True,
-        ).start()
-
-    def _run(self, fn: Callable[..., Any], kwargs: dict, checkpoint: Any) -> None:
-        try:
-            self._result = VALIDATED, validate(fn, kwargs, checkpoint), None
-        except Exception as err:  # noqa: BLE001 - the function's failure, recorded
-            logger.exception("a checkpoint's validation failed")
-            self._result = FAILED, {}, f"{type(err).__name__}: {err}"
-        finally:
-            self._done.set()
-
-    def outcome(self) -> Outcome | None:
-        if self._done.is_set():
-            return self._result
-        if self._timeout_s is not None and time.monotonic() - self._began > self._timeout_s:
-            return TIMED_OUT, {}, f"took longer than timeout_s={self._timeout_s}"
-        return None
-
-    def cancel(self) -> None:
-        pass  # it ends on its own; its outcome is no longer recorded

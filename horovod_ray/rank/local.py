@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
-from horovod_ray.checkpoints.validation import VALIDATION_ENV, Validator
+from horovod_ray.checkpoints.validation import VALIDATION_ENV
+from horovod_ray.checkpoints.validator import Validator
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import logs, report
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV

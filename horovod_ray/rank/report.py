@@ -226,11 +226,21 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
 
     entries = [entry for entry in store.list_entries(storage) if entry.committed]
     if mode != "COMMITTED" and os.environ.get(validations.VALIDATION_ENV) == "1":
+        began = warned = time.monotonic()
         while any(entry.status == PENDING_VALIDATION for entry in entries) and (
             deadline is None or time.monotonic() < deadline
         ):
             time.sleep(validations.POLL_S)
             entries = [entry for entry in store.list_entries(storage) if entry.committed]
+            if time.monotonic() - warned >= validations.WARN_S:
+                warned = time.monotonic()
+                logger.warning(
+                    "get_all_reported_checkpoints() has waited %.0fs for validations (a "
+                    "validation's Ray task may wait for a CPU the ranks hold: see "
+                    "ValidationConfig's ray_remote_kwargs, or pass consistency_mode="
+                    "COMMITTED or timeout_s)",
+                    warned - began,
+                )
     return [
         ReportedCheckpoint(
             store.as_checkpoint(storage, entry),

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ray.train import Checkpoint, CheckpointConfig, ValidationConfig
@@ -17,6 +18,7 @@ import horovod_ray
 from horovod_ray import ConfigError, Result
 from horovod_ray.checkpoints import choices, spec, store
 from horovod_ray.checkpoints import validation as v
+from horovod_ray.checkpoints.validator import Validator
 from horovod_ray.rank import report
 from horovod_ray.settings import create_settings
 
@@ -62,6 +64,11 @@ def test_the_run_config_is_checked_when_the_settings_are_made(tmp_path):
         (ValidationConfig(_score, ValidationTaskConfig(fn_kwargs={"x": {1, 2}})), "JSON"),
         (ValidationConfig(_score, ray_remote_kwargs={"num_cpu": 1}), "ray.remote's options"),
         (ValidationConfig(Locked()), "cannot be pickled"),
+        # Ray would read no fn_kwargs off a dict, and run fn without them.
+        (ValidationConfig(_score, task_config={"fn_kwargs": {"scale": 2}}), "TaskConfig or"),
+        (ValidationConfig(_score, ValidationTaskConfig({"checkpoint": 1})), "'checkpoint'"),
+        (ValidationConfig(_score, SimpleNamespace(fn_kwargs={}, timeout_s=float("nan"))), "> 0"),
+        (ValidationConfig(_score, ray_remote_kwargs={"num_returns": 2}), "returning one"),
     ]
     for config, message in bad:
         with pytest.raises(ConfigError, match=message) as raised:
@@ -118,7 +125,7 @@ def test_the_validator_merges_metrics_and_records_each_outcome(tmp_path):
     assert [e.status for e in store.list_entries(storage)][:3] == [
         "PENDING_VALIDATION", "PENDING_VALIDATION", "COMMITTED",
     ]  # fmt: skip
-    validator = v.Validator(storage, _config(scale=2), in_process=True, poll_s=0.05)
+    validator = Validator(storage, _config(scale=2), in_process=True, poll_s=0.05)
     validator.start()
     validator.finish()
     entries = store.list_entries(storage)
@@ -139,9 +146,26 @@ def test_the_validator_merges_metrics_and_records_each_outcome(tmp_path):
     result = Result.from_path(storage.run_path)
     assert Path(result.get_best_checkpoint("val_score", "max").path).name == "checkpoint_000002"
     assert Path(result.get_best_checkpoint("val_score", "min").path).name == "checkpoint_000001"
-    assert result.get_best_checkpoint("val_loss", "max") is None
-    with pytest.raises(ConfigError, match="'max' or 'min'"):
-        result.get_best_checkpoint("val_score", "best")
+    # Of equals, the oldest, as Ray's.
+    assert Path(result.get_best_checkpoint("step", "min").path).name == "checkpoint_000001"
+    for metric, mode, parameter in [("val_score", "best", "mode"), ("val_loss", "max", "metric")]:
+        with pytest.raises(ConfigError) as raised:
+            result.get_best_checkpoint(metric, mode)
+        assert raised.value.parameter == parameter
+    assert "'step', 'val_score'" in str(raised.value)  # what the checkpoints have
+
+
+def test_an_outcome_is_recorded_only_on_the_pending_marker_it_belongs_to(tmp_path):
+    storage = spec.create(str(tmp_path), "run")
+    _commit(storage, tmp_path, 1, {})
+    stamped = v.stamp(storage, 1)
+    assert not v.record(storage, 1, v.VALIDATED, {"val": 1}, stamped=stamped + 1)  # another
+    assert v.record(storage, 1, v.VALIDATED, {"val": 1}, stamped=stamped)
+    # Written once: a second outcome (a retry, a second driver) changes nothing.
+    assert not v.record(storage, 1, v.FAILED, {}, "late", stamped=stamped)
+    assert not v.record(storage, 2, v.VALIDATED, {"val": 2}, stamped=stamped)  # none there
+    assert _marker(storage, 1)["validation"] == {"status": "VALIDATED", "request": {}}
+    assert _marker(storage, 1)["metrics"] == {"step": 1, "val": 1}
 
 
 def test_a_pending_checkpoint_is_kept_and_a_cancelled_validation_is_run_by_the_next_job(
@@ -154,12 +178,14 @@ def test_a_pending_checkpoint_is_kept_and_a_cancelled_validation_is_run_by_the_n
     _commit(storage, tmp_path, 3, None)
     # Without a score yet, the pending one would be the first to go.
     assert [e.index for e in store.list_entries(storage)] == [1, 3]
-    first = v.Validator(storage, _config(), in_process=True, poll_s=0.05)
+    first = Validator(storage, _config(), in_process=True, poll_s=0.05)
     first.start()
-    time.sleep(0.2)  # under way
+    deadline = time.monotonic() + 30
+    while first._running is None and time.monotonic() < deadline:
+        time.sleep(0.02)  # until it is under way
     first.cancel()  # the job failed
     assert _marker(storage, 1)["validation"]["status"] == "PENDING_VALIDATION"
-    second = v.Validator(storage, _config(), in_process=True, poll_s=0.05)
+    second = Validator(storage, _config(), in_process=True, poll_s=0.05)
     second.start()
     second.finish()
     store.prune(storage)
@@ -181,7 +207,7 @@ def test_a_rank_waits_for_validated_unless_it_asks_for_committed(tmp_path, monke
     assert horovod_ray.get_all_reported_checkpoints(timeout_s=0.1)[0].status.value == (
         "PENDING_VALIDATION"
     )
-    validator = v.Validator(storage, _config(), in_process=True, poll_s=0.05)
+    validator = Validator(storage, _config(), in_process=True, poll_s=0.05)
     validator.start()
     try:
         validated = horovod_ray.get_all_reported_checkpoints()

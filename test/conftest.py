@@ -19,6 +19,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # (about 17 s here); two a second in the Rays these tests start (about 7 s), so that the
 # tests that kill nodes wait less on Ray's detection, which is not what they test.
 os.environ.setdefault("RAY_health_check_period_ms", "500")
+# Ray Train's API as the caller has it: bench.common, which test modules import, turns
+# Ray Train v2 off for the benchmarks' HorovodTrainer (see pytest_collection_finish).
+_TRAIN_V2 = os.environ.get("RAY_TRAIN_V2_ENABLED")
 
 import ray  # noqa: E402
 from ray.util import state as ray_state  # noqa: E402
@@ -204,3 +207,13 @@ def no_leaks(ray_4cpu) -> Iterator[None]:
     assert wait_until(
         lambda: not ({g.placement_group_id for g in live_placement_groups()} - groups_before)
     ), f"placement groups left: {live_placement_groups()}"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Undoes bench.common's RAY_TRAIN_V2_ENABLED=0 once the modules are imported: the
+    processes and Rays the tests start have Ray Train v2 (``ray.train.ValidationConfig``),
+    as a user's do."""
+    if _TRAIN_V2 is None:
+        os.environ.pop("RAY_TRAIN_V2_ENABLED", None)
+    else:
+        os.environ["RAY_TRAIN_V2_ENABLED"] = _TRAIN_V2

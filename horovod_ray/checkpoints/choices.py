@@ -34,6 +34,8 @@ class Entry:
         validation: Its validation's record when one was asked for: ``status`` (Ray
             Train's ``ReportedCheckpointStatus`` name), ``request`` (``fn_kwargs``,
             ``timeout_s``) and, once it failed, ``error``; {} when none was.
+        time: When its marker was written (tells it from a marker written later under
+            the same number); None when not committed.
     """
 
     index: int
@@ -41,6 +43,7 @@ class Entry:
     metrics: dict = dataclasses.field(default_factory=dict)
     named: str | None = None
     validation: dict = dataclasses.field(default_factory=dict)
+    time: float | None = None
 
     @property
     def folder(self) -> str:

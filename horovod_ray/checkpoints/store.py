@@ -121,7 +121,8 @@ def list_entries(
         validation = marker.get("validation")
         validation = validation if committed and isinstance(validation, dict) else {}
         metrics = marker["metrics"] if committed else {}
-        entries.append(Entry(index, committed, metrics, named, validation))
+        written = marker.get("time") if committed else None
+        entries.append(Entry(index, committed, metrics, named, validation, written))
     return entries
 
 

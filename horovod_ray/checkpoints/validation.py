@@ -209,30 +209,20 @@ def validate(fn: Callable[..., Any], kwargs: dict, checkpoint: Any) -> dict:
     return plain(checked_metrics(metrics))
 
 
-def stamp(storage: RunStorage, index: int) -> Any:
-    """What tells checkpoint ``index``'s marker from another one of that number: the
-    time it was committed.
-
-    Raises:
-        CheckpointError: The storage could not be read.
-    """
-    marker = read_json(storage, f"{folder_name(index)}.json")
-    return marker.get("time") if isinstance(marker, dict) else None
-
-
 def record(
     storage: RunStorage,
     index: int,
     status: str,
     metrics: dict,
-    error: str | None = None,
-    stamped: Any = None,
+    error: str | None,
+    *,
+    written: Any,
 ) -> bool:
     """Writes a validation's outcome into checkpoint ``index``'s marker: ``status``, the
     ``error`` of one that failed, and ``metrics`` merged into the checkpoint's (over
-    those of the same name). Only while the marker is the one validated (``stamped``,
-    see :func:`stamp`) and still pending: a pending checkpoint is never removed, so its
-    folder is there. Whether it was written.
+    those of the same name). Only while the marker is the one validated (its ``time``
+    is ``written``, ``Entry.time``) and still pending: a pending checkpoint is never
+    removed, so its folder is there. Whether it was written.
 
     Raises:
         CheckpointError: The storage could not be read or written.
@@ -243,7 +233,7 @@ def record(
         not isinstance(marker, dict)
         or not isinstance(marker.get("metrics"), dict)
         or (marker.get("validation") or {}).get("status") != PENDING_VALIDATION
-        or marker.get("time") != stamped
+        or marker.get("time") != written
     ):
         return False  # removed, recorded already, or another checkpoint now
     outcome = dict(marker.get("validation") or {}, status=status)

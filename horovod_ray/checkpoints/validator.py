@@ -21,7 +21,6 @@ from horovod_ray.checkpoints.validation import (
     WARN_S,
     Validation,
     record,
-    stamp,
     task_inputs,
     validate,
 )
@@ -86,6 +85,7 @@ class Validator:
     def cancel(self) -> None:
         """Stops now: the validation under way is cancelled and its checkpoint stays
         pending, for the next job with this storage."""
+        self._stop.set()  # before the lock too: a Ctrl-C waiting for it leaves it set
         with self._lock:
             self._stop.set()  # no task starts once this is set
             running, self._running = self._running, None
@@ -130,11 +130,15 @@ class Validator:
                 self._running, self._outcome = None, (running, outcome)
         if self._outcome is not None:
             done, (status, metrics, error) = self._outcome
-            recorded = record(self.storage, done.index, status, metrics, error, done.stamped)
+            recorded = record(
+                self.storage, done.index, status, metrics, error, written=done.written
+            )
             self._outcome = None  # a failure above raises first: recorded on the next look
-            self._settled.add(done.index)
             if recorded:
+                self._settled.add(done.index)
                 logger.info("checkpoint %d: %s %s", done.index, status, error or metrics)
+            # Else the next listing settles it, or finds another checkpoint pending there
+            # (two processes committed that number: see store.commit).
         entries = store.list_entries(self.storage, skip=self._settled)
         self._settled.update(
             e.index for e in entries if e.committed and e.status != PENDING_VALIDATION
@@ -144,24 +148,23 @@ class Validator:
             return True
         entry = pending[0]
         kwargs, timeout_s = task_inputs(self._validation, entry.validation.get("request") or {})
-        stamped = stamp(self.storage, entry.index)
         checkpoint = store.as_checkpoint(self.storage, entry)
         kind = _ThreadTask if self._in_process else _RayTask
         with self._lock:
             if self._stop.is_set():
                 return False
             task = kind(self._remote, self._fn, kwargs, checkpoint, timeout_s)
-            self._running = _Running(entry.index, stamped, task, time.monotonic())
+            self._running = _Running(entry.index, entry.time, task, time.monotonic())
         logger.info("validating checkpoint %d", entry.index)
         return False
 
 
 @dataclasses.dataclass
 class _Running:
-    """The validation under way: its checkpoint's number and marker, its task."""
+    """The validation under way: its checkpoint's number and marker's time, its task."""
 
     index: int
-    stamped: Any
+    written: Any
     task: _RayTask | _ThreadTask
     began: float
     warned_at: float = 0.0

@@ -158,12 +158,14 @@ def test_the_validator_merges_metrics_and_records_each_outcome(tmp_path):
 def test_an_outcome_is_recorded_only_on_the_pending_marker_it_belongs_to(tmp_path):
     storage = spec.create(str(tmp_path), "run")
     _commit(storage, tmp_path, 1, {})
-    stamped = v.stamp(storage, 1)
-    assert not v.record(storage, 1, v.VALIDATED, {"val": 1}, stamped=stamped + 1)  # another
-    assert v.record(storage, 1, v.VALIDATED, {"val": 1}, stamped=stamped)
+    (entry,) = store.list_entries(storage)
+    written = entry.time
+    # Another commit's marker under that number (an elastic job's two rank 0s).
+    assert not v.record(storage, 1, v.VALIDATED, {"val": 1}, None, written=written + 1)
+    assert v.record(storage, 1, v.VALIDATED, {"val": 1}, None, written=written)
     # Written once: a second outcome (a retry, a second driver) changes nothing.
-    assert not v.record(storage, 1, v.FAILED, {}, "late", stamped=stamped)
-    assert not v.record(storage, 2, v.VALIDATED, {"val": 2}, stamped=stamped)  # none there
+    assert not v.record(storage, 1, v.FAILED, {}, "late", written=written)
+    assert not v.record(storage, 2, v.VALIDATED, {"val": 2}, None, written=written)  # none
     assert _marker(storage, 1)["validation"] == {"status": "VALIDATED", "request": {}}
     assert _marker(storage, 1)["metrics"] == {"step": 1, "val": 1}
 
@@ -226,3 +228,23 @@ def test_the_keep_policy_never_removes_a_pending_checkpoint():
         choices.Entry(4, True, {"loss": 0.7}),
     ]
     assert choices.to_remove(entries, 1, "loss", "min", 1) == [3]
+
+
+def test_a_second_commit_under_the_number_is_validated_with_its_own_request(tmp_path):
+    """Two processes committed checkpoint 1 (an elastic job's former and new rank 0):
+    the first one's outcome is not written into the second's marker, which is then
+    validated itself, not left pending."""
+    storage = spec.create(str(tmp_path), "run")
+    _commit(storage, tmp_path, 1, {"fn_kwargs": {"sleep_s": 0.5}})
+    validator = Validator(storage, _config(), in_process=True, poll_s=0.05)
+    validator.start()
+    deadline = time.monotonic() + 30
+    while validator._running is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    marker = {**_marker(storage, 1), "time": time.time() + 1}
+    marker["validation"] = {"status": "PENDING_VALIDATION", "request": {"fn_kwargs": {"scale": 5}}}
+    Path(storage.run_path, "checkpoint_000001.json").write_text(json.dumps(marker))
+    validator.finish()
+    assert [(e.status, e.metrics) for e in store.list_entries(storage)] == [
+        ("VALIDATED", {"step": 1, "val_score": 5})
+    ]

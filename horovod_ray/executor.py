@@ -14,14 +14,11 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from horovod_ray.checkpoints import store
-from horovod_ray.checkpoints.validation import VALIDATION_ENV
-from horovod_ray.checkpoints.validator import Validator
+from horovod_ray.checkpoints.job import JobCheckpoints
 from horovod_ray.errors import ConfigError, ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
-    FINAL,
     CallGate,
     Cancel,
     ExecutorState,
@@ -38,10 +35,6 @@ logger = logging.getLogger(__name__)
 
 # Seconds idle workers get to exit on their own at stop() before they are killed.
 STOP_GRACE_S = 5.0
-# Longest stop() waits for a cancelled start() to release what it took.
-STOP_CANCEL_S = 30.0
-# Longest stop() waits for another thread's stop (or a failed call's release) to end.
-STOP_WAIT_S = 60.0
 # Longest stacks() waits for a rank's answer.
 STACKS_TIMEOUT_S = 5.0
 
@@ -144,7 +137,10 @@ class RayExecutor:
         self._calls = CallGate(self._lifecycle)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
-        self._validator: Validator | None = None  # the run's validations, once started
+        # The run's folder: read at start(), validated and pruned around the ranks' life.
+        self._checkpoints = None
+        if settings.storage is not None:
+            self._checkpoints = JobCheckpoints(settings.storage, settings.validation)
 
     # ----------------------------------------------------------------- introspection
 
@@ -235,10 +231,8 @@ class RayExecutor:
         env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
-        if self.settings.storage is not None:
-            env.update(store.job_env(self.settings.storage))
-        if self.settings.validation is not None:
-            env[VALIDATION_ENV] = "1"  # report(validation=...) is taken
+        if self._checkpoints is not None:
+            env.update(self._checkpoints.rank_env())
         for key, value in self._telemetry.rank_env().items():
             env.setdefault(key, value)  # the user's HOROVOD_CACHE_CAPACITY wins
         if self.settings.timeline is not None:
@@ -267,9 +261,8 @@ class RayExecutor:
             size = len(kind.ranks)
             self._telemetry.ranks(size, size)
             self._telemetry.started(kind.start_s)
-        if self.settings.validation is not None:
-            self._validator = Validator(self.settings.storage, self.settings.validation)
-            self._validator.start()
+        if self._checkpoints is not None:
+            self._checkpoints.start()
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
@@ -393,41 +386,23 @@ class RayExecutor:
         failed call), returns once that has released it. A call in flight raises
         ``ExecutorStateError``.
         """
-        lifecycle = self._lifecycle
-        if lifecycle.transition([ExecutorState.CREATED], ExecutorState.STOPPED):
-            return
-        if lifecycle.state is ExecutorState.STARTING:
-            self._cancel.set()
-            if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
-                logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
-                return
-        busy, moved = self._calls.close()  # no call begins once this moved
-        if moved:
-            grace_s = 0 if busy else STOP_GRACE_S
-            release = lambda: self._release(grace_s=grace_s, finish=not busy)  # noqa: E731
-            lifecycle.end(release, ExecutorState.STOPPED)
-        elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
-            # Another thread is stopping it (a stop(), a failed call): released once it ends.
-            logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
+        self._calls.stop(  # a call in flight is aborted: no grace, no validations waited for
+            self._cancel, lambda busy: self._release(0 if busy else STOP_GRACE_S, not busy)
+        )
 
     shutdown = stop
 
     def _release(self, grace_s: float, finish: bool = False) -> None:
-        """Stops the job's ranks; then waits for the validations asked for when the job
-        ``finish``-ed (else they stay pending for the next job); then keeps only what
-        the storage's ``num_to_keep`` says: the checkpoint the job started from was kept
-        while its ranks might read it."""
+        """Stops the job's ranks, then ends its side of the run's folder
+        (``JobCheckpoints.end``: validations waited for if the job ``finish``-ed, the keep
+        policy), even when stopping the ranks raised."""
         stopped = False
         try:
             self._job.stop(grace_s=grace_s)
             stopped = True
         finally:
-            try:
-                if self._validator is not None:
-                    self._validator.finish() if finish and stopped else self._validator.cancel()
-            finally:
-                if self.settings.storage is not None:
-                    store.prune(self.settings.storage)
+            if self._checkpoints is not None:
+                self._checkpoints.end(finish and stopped)
 
     def __enter__(self) -> RayExecutor:
         if self.state is ExecutorState.CREATED:

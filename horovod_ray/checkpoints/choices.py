@@ -60,6 +60,11 @@ def folder_name(index: int) -> str:
     return f"checkpoint_{index:06d}"
 
 
+def marker_name(index: int) -> str:
+    """Checkpoint ``index``'s commit marker's name in the run's folder."""
+    return f"{folder_name(index)}.json"
+
+
 def dir_name_problem(name: Any) -> str | None:
     """What is wrong with ``name`` as a checkpoint's folder in a run's folder, or None.
     Pure.

@@ -38,7 +38,7 @@ from horovod_ray.checkpoints.choices import (
     dir_name_problem,
     folder_name,
     index_of,
-    latest,
+    marker_name,
     next_index,
     parse_name,
     stale_partials,
@@ -105,7 +105,7 @@ def list_entries(
             folders.add(index)
     entries = []
     for index in sorted((folders | markers) - set(skip)):
-        marker = read_json(storage, f"{folder_name(index)}.json") if index in markers else None
+        marker = read_json(storage, marker_name(index)) if index in markers else None
         marker = marker if isinstance(marker, dict) else {}
         committed = isinstance(marker.get("metrics"), dict)
         named = marker.get("folder")
@@ -128,10 +128,6 @@ def list_entries(
 
 def checkpoint_path(storage: RunStorage, entry: Entry) -> str:
     return f"{storage.run_path}/{entry.folder}"
-
-
-def _marker_path(storage: RunStorage, index: int) -> str:
-    return f"{storage.run_path}/{folder_name(index)}.json"
 
 
 def commit(
@@ -198,9 +194,9 @@ def commit(
             if dir_name is not None:  # so that an upload cut off is found, and removed
                 storage.filesystem.create_dir(storage.run_path, recursive=True)
                 pending = {"index": index, "folder": dir_name, "time": time.time()}
-                write_json(storage, f"{folder_name(index)}.json", encoded(pending))
+                write_json(storage, marker_name(index), encoded(pending))
             _upload(local_dir, storage, destination, upload_fn)
-        write_json(storage, f"{folder_name(index)}.json", marker)
+        write_json(storage, marker_name(index), marker)
     except storage_errors() as err:
         raise failed("upload checkpoint to", destination, err) from err
     _remove_unkept(storage, stale_below, protected)
@@ -304,7 +300,7 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
 
     A folder another checkpoint kept still names stays. While a job runs, an earlier
     job's cut-off upload to a named folder loses only its marker: the job's start removed
-    that folder (:func:`job_env`), and the name may hold a ``NO_UPLOAD`` checkpoint of
+    that folder (``job.job_env``), and the name may hold a ``NO_UPLOAD`` checkpoint of
     this job's by now."""
     try:
         infos = listing(storage)  # once: a listing is a request to a cloud storage
@@ -348,7 +344,7 @@ def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
     """Removes a checkpoint: its marker first, so it stops counting at once, then its
     folder (unless not ``with_folder``)."""
     fs, path = storage.filesystem, checkpoint_path(storage, entry)
-    marker = _marker_path(storage, entry.index)
+    marker = f"{storage.run_path}/{marker_name(entry.index)}"
     try:
         fs.delete_file(marker)
     except FileNotFoundError:
@@ -363,42 +359,6 @@ def remove(storage: RunStorage, entry: Entry, with_folder: bool = True) -> None:
         pass
     except storage_errors() as err:
         raise failed("remove", path, err) from err
-
-
-# --------------------------------------------------------------------- reading back
-
-
-def job_env(storage: RunStorage) -> dict[str, str]:
-    """The ranks' environment for a job starting now: the storage, and the latest
-    committed checkpoint in it, which ``get_checkpoint()`` returns on every rank.
-
-    Raises:
-        CheckpointError: The run's folder could not be read.
-    """
-    entries = list_entries(storage)
-    _remove_cut_off_named_folders(storage, entries)
-    newest = latest(entries)
-    if newest is None:
-        logger.info("checkpoints go to %s (none there yet)", storage.run_path)
-        return storage.to_env(None, next_index(entries))
-    path = checkpoint_path(storage, newest)
-    logger.info("checkpoints go to %s; the job resumes from %s", storage.run_path, path)
-    return storage.to_env(path, next_index(entries))
-
-
-def _remove_cut_off_named_folders(storage: RunStorage, entries: list[Entry]) -> None:
-    """Before a job starts: the folders of earlier jobs' uploads to named folders that
-    were cut off. Their markers stay, keeping their numbers taken, until the job's
-    first commit removes them (see :func:`_remove_unkept`). Logged if it fails."""
-    for entry in entries:
-        if entry.committed or entry.named is None:
-            continue
-        try:
-            storage.filesystem.delete_dir(checkpoint_path(storage, entry))
-        except FileNotFoundError:
-            pass
-        except storage_errors() as err:
-            logger.warning("an unfinished checkpoint upload's folder stays: %s", err)
 
 
 def as_checkpoint(storage: RunStorage, entry: Entry) -> Any:

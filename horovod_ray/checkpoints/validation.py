@@ -26,7 +26,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from horovod_ray.checkpoints.choices import PENDING_VALIDATION, folder_name
+from horovod_ray.checkpoints.choices import PENDING_VALIDATION, marker_name
 from horovod_ray.checkpoints.files import failed, read_json, storage_errors, write_json
 from horovod_ray.checkpoints.metrics import checked_metrics, encoded, plain
 from horovod_ray.checkpoints.spec import RunStorage
@@ -227,7 +227,7 @@ def record(
     Raises:
         CheckpointError: The storage could not be read or written.
     """
-    name = f"{folder_name(index)}.json"
+    name = marker_name(index)
     marker = read_json(storage, name)
     if (
         not isinstance(marker, dict)

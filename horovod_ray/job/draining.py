@@ -34,7 +34,7 @@ READ_EVERY_S = 1.0  # how often a static job asks whether one of its nodes drain
 # What a static job stopped by a drain keeps of the nearest deadline, after letting rank
 # 0's uploads finish, to stop its ranks; and its longest wait for them (no deadline given),
 # which with rank 0's time to answer (5 s) stays below what stop() from another thread
-# waits for a release (executor.STOP_WAIT_S, 60 s).
+# waits for a release (lifecycle.STOP_WAIT_S, 60 s).
 UPLOAD_MARGIN_S = 5.0
 UPLOAD_WAIT_MAX_S = 45.0
 # The longest a static job waits for rank 0's just-in-time checkpoint when the drain gave
@@ -214,6 +214,27 @@ class Grace:
                 self._tell(leaving)
             if self._stop_now():
                 raise LeavingError(leaving)
+
+    def finish_uploads(self, leaving: Mapping[str, float]) -> None:
+        """Lets rank 0 commit the checkpoints it has in flight, for as long as the drain's
+        deadline allows (:func:`upload_wait_s`): killed now, it would leave them
+        uncommitted, and a restart would go back to the one before. The ranks go on
+        meanwhile; rank 0's node must be one that stays."""
+        wait_s = upload_wait_s(leaving, self._nodes[0]) if self._nodes else 0.0
+        if wait_s <= 0:
+            return
+        began = time.monotonic()
+        ref = self._actors[0].finish_uploads.remote(wait_s)
+        ready, _ = ray.wait([ref], timeout=wait_s + probe.LIVENESS_TIMEOUT_S)
+        finished = bool(ready) and probe.error_of(ref) is None and ray.get(ref)
+        if not finished:
+            logger.warning(
+                "rank 0's checkpoint uploads did not finish within %.0f s of the drain; "
+                "the one in flight is cut off",
+                wait_s,
+            )
+        else:
+            logger.debug("rank 0's uploads done %.1f s after the drain", time.monotonic() - began)
 
     def settle(self) -> None:
         """Reads what the ranks' actors answered after the job stopped (so that Ray does

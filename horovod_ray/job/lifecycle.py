@@ -2,18 +2,21 @@
 
 :class:`Lifecycle` holds any such table: the executor's (:class:`ExecutorState`) and an
 elastic run's (:class:`RunState`, in ``elastic_run.ElasticRun``). :class:`CallGate`
-admits the executor's calls while it runs, counts those in flight, and ends the job when
-one fails.
+admits the executor's calls while it runs, counts those in flight, ends the job when
+one fails, and makes stop()'s moves.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from horovod_ray.errors import ExecutorStateError, StartCancelledError, interrupt_in
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -53,6 +56,10 @@ TRANSITIONS: dict[ExecutorState, frozenset[ExecutorState]] = {
     _S.FAILED: frozenset(),
 }
 FINAL = frozenset({_S.STOPPED, _S.FAILED})
+# Longest stop() waits for a cancelled start() to release what it took.
+STOP_CANCEL_S = 30.0
+# Longest stop() waits for another thread's stop (or a failed call's release) to end.
+STOP_WAIT_S = 60.0
 
 
 class RunState(enum.Enum):
@@ -248,6 +255,27 @@ class CallGate:
         with self._lock:
             busy = self._in_flight > 0
             return busy, self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
+
+    def stop(self, cancel: Cancel, release: Callable[[bool], None]) -> None:
+        """``RayExecutor.stop()``'s moves: from CREATED, STOPPED at once; from STARTING,
+        cancels the start and waits (up to ``STOP_CANCEL_S``) for it to give up or
+        finish; from RUNNING, STOPPING, then ``release(busy)`` (whether calls were in
+        flight: they are aborted), then STOPPED. Where another thread is stopping the
+        job, waits up to ``STOP_WAIT_S`` for it to end."""
+        lifecycle = self._lifecycle
+        if lifecycle.transition([ExecutorState.CREATED], ExecutorState.STOPPED):
+            return
+        if lifecycle.state is ExecutorState.STARTING:
+            cancel.set()
+            if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
+                logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
+                return
+        busy, moved = self.close()  # no call begins once this moved
+        if moved:
+            lifecycle.end(lambda: release(busy), ExecutorState.STOPPED)
+        elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
+            # Another thread is stopping it (a stop(), a failed call): released once it ends.
+            logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
 
 
 def state_hint(state: ExecutorState) -> str:

@@ -91,8 +91,7 @@ class StaticJob:
         self.members: tuple[Member, ...] = ()
         # Whether Ray drains one of the members' nodes, and what the job does then; asked
         # during calls.
-        self._drains = draining.Watch(set())
-        self._grace = draining.Grace(self._drains, [], [], False)
+        self._grace = draining.Grace(draining.Watch(set()), [], [], False)
         # Seconds start() spent reserving the group, starting the actors, and setting up
         # the ranks' environments (the rendezvous server included).
         self.start_s: dict[str, float] = {}
@@ -131,9 +130,8 @@ class StaticJob:
         self._extra_env, self._executable = extra_env, executable
         try:
             self.members = self._place(check)
-            self._drains = draining.Watch({m.node.node_id for m in self.members})
             self._grace = draining.Grace(
-                self._drains,
+                draining.Watch({m.node.node_id for m in self.members}),
                 [m.actor for m in self.members],
                 [m.node.node_id for m in self.members],
                 self._settings.storage is not None,
@@ -338,7 +336,7 @@ class StaticJob:
         self, refs: list[ray.ObjectRef], leaving: dict[str, float], failing: Callable[[], bool]
     ) -> None:
         """Stops the job because Ray drains one of its nodes, once rank 0 has committed
-        the checkpoints it was uploading (see :meth:`_finish_uploads`); raises
+        the checkpoints it was uploading (see ``Grace.finish_uploads``); raises
         NodeDrainingError naming the ranks there (a static job cannot leave a node)."""
         if not failing():
             self._release_failed(refs)
@@ -346,32 +344,10 @@ class StaticJob:
         where = {m.rank.world_rank: (m.node.where, m.node.node_id) for m in self.members}
         error = draining.static_job_error(where, leaving)
         logger.warning("%s", str(error).splitlines()[0])
-        self._finish_uploads(leaving)
+        self._grace.finish_uploads(leaving)
         self._release_failed(refs)
         self._grace.settle()
         raise error from None
-
-    def _finish_uploads(self, leaving: dict[str, float]) -> None:
-        """Lets rank 0 commit the checkpoints it has in flight, for as long as the drain's
-        deadline allows (``draining.upload_wait_s``): killed now, it would leave them
-        uncommitted, and a restart would go back to the one before. The ranks go on
-        meanwhile; rank 0's node must be one that stays."""
-        rank0 = self.members[0]
-        wait_s = draining.upload_wait_s(leaving, rank0.node.node_id)
-        if wait_s <= 0:
-            return
-        began = time.monotonic()
-        ref = rank0.actor.finish_uploads.remote(wait_s)
-        ready, _ = ray.wait([ref], timeout=wait_s + probe.LIVENESS_TIMEOUT_S)
-        finished = bool(ready) and probe.error_of(ref) is None and ray.get(ref)
-        if not finished:
-            logger.warning(
-                "rank 0's checkpoint uploads did not finish within %.0f s of the drain; "
-                "the one in flight is cut off",
-                wait_s,
-            )
-        else:
-            logger.debug("rank 0's uploads done %.1f s after the drain", time.monotonic() - began)
 
     def _release_failed(self, refs: list[ray.ObjectRef]) -> None:
         """Releases the job at once, then reads every rank's outcome of the failed call,

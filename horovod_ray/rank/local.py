@@ -14,10 +14,9 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Sequence
 
-from horovod_ray.checkpoints import store
+from horovod_ray.checkpoints.job import JobCheckpoints
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
 from horovod_ray.checkpoints.validation import VALIDATION_ENV
-from horovod_ray.checkpoints.validator import Validator
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import logs, report
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
@@ -87,14 +86,12 @@ def run_here(
     """
     telemetry = JobTelemetry.of(settings, False, getattr(fn, "__name__", None))
     rank_env = {**_ONE, **{k: v for k, v in telemetry.rank_env().items() if "METRICS" not in k}}
+    checkpoints = None
     if settings.storage is not None:
-        rank_env.update(store.job_env(settings.storage))
+        checkpoints = JobCheckpoints(settings.storage, settings.validation, in_process=True)
+        rank_env.update(checkpoints.rank_env())
     if settings.timeline is not None:
         rank_env["HOROVOD_TIMELINE"] = settings.timeline
-    validator = None
-    if settings.validation is not None:
-        rank_env[VALIDATION_ENV] = "1"
-        validator = Validator(settings.storage, settings.validation, in_process=True)
     rank_env = {**rank_env, **env}
     rank_env.pop(TIMELINE_ENV, None)
     saved = {key: os.environ.get(key) for key in {*rank_env, *_OUTER}}
@@ -104,13 +101,13 @@ def run_here(
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
     logs._channel = _Direct(callbacks)
+    finished = False
     try:
-        if validator is not None:
-            validator.start()
+        if checkpoints is not None:
+            checkpoints.start()
         result = fn(*args, **kwargs)
         report.flush()  # its checkpoints are persisted before run() returns
-        if validator is not None:
-            validator.finish()  # and validated
+        finished = True
         return [result]
     finally:
         try:
@@ -124,11 +121,9 @@ def run_here(
             try:
                 _shutdown_horovod(running_before)
                 report.close_uploader()
-                if validator is not None:
-                    validator.cancel()  # a failed function's stay pending
             finally:
-                if settings.storage is not None:
-                    store.prune(settings.storage)
+                if checkpoints is not None:
+                    checkpoints.end(finished)  # validated, then pruned
 
 
 def _horovods_running() -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 
 from horovod_ray import CheckpointError, ConfigError, Result
-from horovod_ray.checkpoints import choices, spec, store, upload
+from horovod_ray.checkpoints import choices, job, spec, store, upload
 from horovod_ray.rank import report, report_options
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def test_named_checkpoints_count_in_commit_order_and_the_keep_policy_removes_the
                                                            ("zeta", "alpha", "mid")]  # fmt: skip
     # A job starting now resumes from the latest, whatever its folder's name; the keep
     # policy keeps that one while the job runs.
-    env = store.job_env(storage)
+    env = job.job_env(storage)
     assert env[spec.CHECKPOINT_ENV] == f"{run}/mid"
     assert store.index_at(storage, env[spec.CHECKPOINT_ENV]) == 4
     assert store.index_at(storage, f"{run}/alpha") == 2
@@ -94,7 +94,7 @@ def test_a_named_upload_cut_off_is_never_the_latest_and_is_removed(tmp_path):
         (1, True, "first"), (2, False, "second"),
     ]  # fmt: skip
     assert choices.latest(entries).folder == "first"
-    env = store.job_env(storage)
+    env = job.job_env(storage)
     assert env[spec.FIRST_INDEX_ENV] == "3"
     # The next job's first commit removes it, marker and folder.
     store.commit(storage, _folder(tmp_path, "c3", "3").path, {"step": 3}, stale_below=3)
@@ -166,7 +166,7 @@ def test_a_named_upload_that_fails_leaves_its_marker_naming_the_folder(tmp_path)
         (1, False, "epoch_1"),
     ]  # fmt: skip
     # The next job's start removes its folder, and its first commit the marker.
-    store.job_env(storage)
+    job.job_env(storage)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000001.json"]
     store.commit(storage, _folder(tmp_path, "c2", "2").path, {}, stale_below=2)
     assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000002", "checkpoint_000002.json"]
@@ -179,7 +179,7 @@ def test_a_no_upload_folder_on_a_cut_off_uploads_name_is_not_removed(tmp_path):
     storage = spec.create(str(tmp_path), "run")
     run = tmp_path / "run"
     _cut_off(run, 1, "epoch_3")
-    env = store.job_env(storage)  # the job starts: the cut-off folder goes
+    env = job.job_env(storage)  # the job starts: the cut-off folder goes
     assert not (run / "epoch_3").exists()
     first = int(env[spec.FIRST_INDEX_ENV])
     _folder(run, "epoch_3", "mine")  # rank 0 writes it, then reports it
@@ -208,7 +208,7 @@ def test_a_named_start_checkpoint_stays_while_the_job_runs(tmp_path, monkeypatch
     storage = spec.create(str(tmp_path), "run", CheckpointConfig(1))
     store.commit(storage, _folder(tmp_path, "c1", "1").path, {"step": 1}, dir_name="start")
     monkeypatch.setattr(report, "_uploader", None)
-    for name, value in store.job_env(storage).items():
+    for name, value in job.job_env(storage).items():
         monkeypatch.setenv(name, value)
     uploader = report._rank_uploader()
     try:

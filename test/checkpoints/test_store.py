@@ -20,7 +20,7 @@ import pytest
 from ray.train import Checkpoint, CheckpointConfig
 
 from horovod_ray import CheckpointError, ConfigError, Result
-from horovod_ray.checkpoints import choices, files, spec, store, upload
+from horovod_ray.checkpoints import choices, files, job, spec, store, upload
 from horovod_ray.checkpoints.choices import Entry
 from horovod_ray.rank import report
 
@@ -226,7 +226,7 @@ def test_a_marker_that_cannot_be_read_counts_as_not_committed(tmp_path):
         (1, True),
         (2, False),
     ]
-    assert store.job_env(storage)[spec.CHECKPOINT_ENV].endswith("/checkpoint_000001")
+    assert job.job_env(storage)[spec.CHECKPOINT_ENV].endswith("/checkpoint_000001")
 
 
 def test_result_from_path_reads_relative_paths_uris_and_filesystems(tmp_path, monkeypatch):
@@ -254,7 +254,7 @@ def test_an_unfinished_upload_is_never_the_latest_and_the_next_commit_removes_it
     entries = store.list_entries(storage)
     assert [(e.index, e.committed) for e in entries] == [(1, True), (2, False)]
     assert choices.latest(entries).index == 1
-    env = store.job_env(storage)
+    env = job.job_env(storage)
     assert env[spec.CHECKPOINT_ENV] == "runs/r/checkpoint_000001"
     assert env[spec.FIRST_INDEX_ENV] == "3"  # folder 2 was there before the job
     uploader = upload.Uploader(storage, stale_below=int(env[spec.FIRST_INDEX_ENV]))

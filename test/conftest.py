@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -111,6 +112,21 @@ def start_cluster(cpus_per_node: list[int]) -> ray.cluster_utils.Cluster:
 def stop_ray() -> None:
     """Shuts down whatever Ray this process holds (a later fixture starts its own)."""
     _shutdown()
+
+
+def horovod_gloo() -> tuple[Path, list[str]]:
+    """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
+    (its C++17 copy of third_party/gloo, patches applied), and the defines and include
+    folders CMake compiled it with: what a native test (test/native/) builds against."""
+    from bench.scale import horovod_tree
+
+    _, build = horovod_tree()  # this environment's TensorFlow line's
+    libraries = sorted(build.glob("third_party/compatible17_gloo/gloo/*.a"))
+    assert libraries, f"no Gloo library in horovod's build tree {build}: run `make install`"
+    library = libraries[0]
+    flags = (library.parent / "CMakeFiles/compatible17_gloo.dir/flags.make").read_text()
+    wanted = re.findall(r"^CXX_(?:DEFINES|INCLUDES) = (.*)$", flags, flags=re.MULTILINE)
+    return library, shlex.split(" ".join(wanted))
 
 
 def same_on_every_rank(results: list[dict], key: str):

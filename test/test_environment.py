@@ -4,17 +4,14 @@ Ray actors given Horovod's Gloo environment by hand run a real TensorFlow allred
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import ray
 from horovod.runner.http.http_server import RendezvousServer
 
-from test.conftest import ROOT
+from test.conftest import ROOT, horovod_gloo
 
 
 def test_horovod_was_built_with_gloo_and_tensorflow():
@@ -125,21 +122,6 @@ def test_horovod_shutdown_closes_every_gloo_connection(ray_4cpu):
         server.stop()
 
 
-def _horovod_gloo() -> tuple[Path, list[str]]:
-    """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
-    (its C++17 copy of third_party/gloo, patches applied), and the defines and include
-    folders CMake compiled it with."""
-    from bench.scale import horovod_tree
-
-    _, build = horovod_tree()  # this environment's TensorFlow line's
-    libraries = sorted(build.glob("third_party/compatible17_gloo/gloo/*.a"))
-    assert libraries, f"no Gloo library in horovod's build tree {build}: run `make install`"
-    library = libraries[0]
-    flags = (library.parent / "CMakeFiles/compatible17_gloo.dir/flags.make").read_text()
-    wanted = re.findall(r"^CXX_(?:DEFINES|INCLUDES) = (.*)$", flags, flags=re.MULTILINE)
-    return library, shlex.split(" ".join(wanted))
-
-
 def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
     """patches/horovod-0.28.1-gloo-unexpected-message.patch: without it, a message larger
     than the receive posted for it (two ranks out of step, as an elastic survivor can be
@@ -147,7 +129,7 @@ def test_gloo_turns_an_unexpected_message_into_an_error_not_an_abort(tmp_path):
     aborts. With it, that connection closes and the receive raises, like any I/O error."""
     from horovod_ray.stack.build import _extension_has
 
-    library, flags = _horovod_gloo()
+    library, flags = horovod_gloo()
     program = tmp_path / "gloo_unexpected_message"
     compiler = os.environ.get("CXX") or shutil.which("c++") or "g++"
     subprocess.run(

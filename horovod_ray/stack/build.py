@@ -201,8 +201,10 @@ def torch_wait_starts_the_cycle() -> bool:
     horovod-*-torch-waiting-caller-starts-the-cycle.patch); stock horovod's background
     thread first sleeps out the cycle time (1 ms), most of a small model's step
     (docs/benchmarks.rst). The patch's first version woke the thread once, so a collective
-    that a cycle had taken before every rank queued it waited out a whole cycle."""
-    return _torch_extension_has(b"CycleWaker11CallerWaits")
+    that a cycle had taken before every rank queued it waited out a whole cycle; its
+    second counted a wait that raised (a handle cleared by a reset) as waiting for ever,
+    so that cycles stayed 1 ms apart from then on."""
+    return _torch_extension_has(b"horovod_ray_cycle_waiters")
 
 
 def exchange_allreduce() -> bool:
@@ -211,6 +213,14 @@ def exchange_allreduce() -> bool:
     Gloo's ring at every size, whose segments cost a millisecond or more on a few bytes
     (docs/benchmarks.rst)."""
     return _gloo_problem() is None and _extension_has(b"HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES")
+
+
+def reducescatter_waits_for_its_sends() -> bool:
+    """Whether Gloo's reducescatter returns only once its sends are written (this repo's
+    patch horovod-*-gloo-reduce-scatter-waits-for-its-sends.patch); the Gloo in horovod's
+    release returns while one may still read the buffer that it and horovod then write,
+    which gave wrong results on 3 ranks (docs/troubleshooting.rst)."""
+    return _gloo_problem() is None and _extension_has(b"waitForSends")
 
 
 def gloo_loop_waits_for_busy_pairs() -> bool:

@@ -32,6 +32,7 @@ from horovod_ray.stack.build import (  # noqa: E402
     install_hint,
     keras3_port,
     nccl_version,
+    reducescatter_waits_for_its_sends,
     require_gloo,
     sync_batch_norm_on_cpu,
     torch_installed,
@@ -198,6 +199,17 @@ def _full_check(require_fix: bool, gpu: str | None = None) -> int:
             "ring segments, as released (slower on small tensors; `make install` builds "
             "it with the fix)"
         )
+    if reducescatter_waits_for_its_sends():
+        print("horovod_ray: horovod's Gloo reducescatter waits for its sends")
+    else:
+        print(
+            "horovod_ray: horovod's Gloo reducescatter returns before its sends are written, "
+            "as released: its results can be wrong on a rank count that is not a power of "
+            "two; `make install` in a horovod_ray checkout builds horovod with the fix",
+            file=sys.stderr,
+        )
+        if require_fix:
+            return 1
     if gloo_loop_waits_for_busy_pairs():
         print("horovod_ray: horovod's Gloo waits for a busy connection without spinning")
     else:

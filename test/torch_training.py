@@ -356,3 +356,44 @@ def sync_batch_norm() -> dict:
         # What the gaps are measured against: gradients far from 0.
         "sizes": [every.grad.abs().max().item(), plain.weight.grad.abs().max().item()],
     }
+
+
+def waiter_cleared_by_shutdown() -> dict:
+    """A thread waits on a collective that never completes (each rank names its own),
+    ``hvd.shutdown()`` clears its handle so that its wait raises, and horovod starts
+    again. Returns how many callers horovod's cycle counted as waiting then and after,
+    what the waiter raised, and a sum after the restart. With the count stuck at 1, the
+    background loop would cycle every millisecond from then on, whatever
+    HOROVOD_CYCLE_TIME says (patches/horovod-0.28.1-torch-waiting-caller-starts-the-cycle.patch)."""
+    import ctypes
+    import threading
+    import time
+
+    import horovod.torch as hvd
+    import torch
+    from horovod.torch import mpi_lib_v2
+
+    hvd.init()
+    waiters = ctypes.CDLL(mpi_lib_v2.__file__).horovod_ray_cycle_waiters
+    raised: list[str] = []
+
+    def wait() -> None:
+        try:
+            hvd.allreduce(torch.ones(1), name=f"only on rank {hvd.rank()}")
+        except Exception as error:  # noqa: BLE001 - what it raised is the result
+            raised.append(f"{type(error).__name__}: {error}")
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while waiters() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    during = waiters()
+    # Both ranks' waiters wait before either shuts down (which fails the other's wait).
+    hvd.allreduce(torch.tensor(0.0), name="both wait")
+    hvd.shutdown()
+    waiter.join(30)
+    after = waiters()
+    hvd.init()
+    total = hvd.allreduce(torch.tensor(1.0), op=hvd.Sum).item()
+    return {"during": during, "after": after, "raised": raised, "sum": total}

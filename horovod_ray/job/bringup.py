@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Mapping
@@ -32,6 +33,10 @@ logger = logging.getLogger(__name__)
 # How often a wait gives its caller a chance to give up.
 POLL_S = 0.1
 LOOPBACK = "127.0.0.1"
+# The largest allreduce (times the ranks but one, in bytes) that horovod's Gloo sends in
+# one message to each rank, and the patch's default for it.
+EXCHANGE_BYTES_ENV = "HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES"
+EXCHANGE_BYTES_DEFAULT = 1 << 20
 
 
 def spawn(layout: WorkerLayout, strategy: Any) -> Any:
@@ -87,12 +92,20 @@ def bind_address(local: bool, host_ip: str) -> str:
 
 def common_env(rendezvous: Any, settings: Settings, elastic: bool) -> dict[str, str]:
     """The variables every rank of a job shares: rendezvous, controller, Gloo timeout,
-    stall check (:func:`stall_env`)."""
+    the exchange allreduce's limit, stall check (:func:`stall_env`).
+
+    Every rank must take the same path for an allreduce of a given size, or the ranks wait
+    on each other until Gloo's timeout: the exchange allreduce's limit
+    (patches/horovod-0.28.1-gloo-exchange-allreduce.patch) is the driver's, or horovod's
+    default, on every rank, never what a node's environment gives its processes (a host
+    that joins an elastic job late, started without it).
+    """
     env = {
         **worker_env(rendezvous),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(gloo_seconds(settings.timeout_s)),
+        EXCHANGE_BYTES_ENV: os.environ.get(EXCHANGE_BYTES_ENV, str(EXCHANGE_BYTES_DEFAULT)),
         **stall_env(settings.stall_timeout_s),
     }
     if elastic:

@@ -114,3 +114,22 @@ def test_the_stall_timeout_sets_horovods_stall_inspector(timeout_s, period, shut
 
 def test_a_stall_timeout_of_0_leaves_horovods_defaults():
     assert stall_env(0) == {}  # a warning each minute, no shutdown
+
+
+@pytest.mark.parametrize(("drivers", "ranks"), [(None, "1048576"), ("0", "0"), ("4096", "4096")])
+def test_every_rank_takes_the_drivers_exchange_limit_or_the_default(monkeypatch, drivers, ranks):
+    """Ranks that disagree on it take different paths for one allreduce and wait on each
+    other until Gloo's timeout: a node's own environment (a late elastic host started
+    without it) must not decide it."""
+    from types import SimpleNamespace
+
+    from horovod_ray.job.bringup import common_env
+    from horovod_ray.settings import create_settings
+
+    if drivers is None:
+        monkeypatch.delenv("HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES", raising=False)
+    else:
+        monkeypatch.setenv("HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES", drivers)
+    server = SimpleNamespace(worker_address="127.0.0.1/secret", address=("127.0.0.1", 1234))
+    env = common_env(server, create_settings(), elastic=True)
+    assert env["HOROVOD_GLOO_EXCHANGE_ALLREDUCE_BYTES"] == ranks

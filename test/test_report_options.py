@@ -291,3 +291,58 @@ def test_a_failed_jobs_validation_is_cancelled_and_run_by_the_next_job(ray_4cpu,
     recorded = json.loads(marker.read_text())
     assert recorded["validation"]["status"] == "VALIDATED"
     assert recorded["metrics"] == {"step": 1, "validated": True}
+
+
+def _every_rank_reports(storage_path: str, shared: str, resume: bool) -> dict:
+    """Every rank reports the same folder with ASYNC (Ray's default: deleted once
+    uploaded), as Ray's docs write the line: ``get_checkpoint()``'s (``resume``), or one
+    that rank 0 wrote, which rank 0 reports a second after the others."""
+    import time
+    from pathlib import Path
+
+    import horovod.torch as hvd
+    import torch
+    from ray.train import Checkpoint
+    from ray.train.v2.api.report_config import CheckpointUploadMode
+
+    import horovod_ray
+
+    hvd.init()
+    if resume:
+        checkpoint = horovod_ray.get_checkpoint()
+    else:
+        if hvd.rank() == 0:
+            Path(shared).mkdir()
+            Path(shared, "weights").write_text("rank 0's")
+        hvd.allreduce(torch.tensor(0.0), name="written")
+        checkpoint = Checkpoint.from_directory(shared)
+        if hvd.rank() == 0:
+            time.sleep(1.0)
+    raised = None
+    try:
+        horovod_ray.report(
+            {"step": 1}, checkpoint=checkpoint, checkpoint_upload_mode=CheckpointUploadMode.ASYNC
+        )
+    except horovod_ray.ConfigError as error:
+        raised = error.parameter
+    hvd.allreduce(torch.tensor(0.0), name="reported")  # a training step
+    return {"raised": raised, "path": checkpoint.path}
+
+
+def test_no_rank_deletes_a_folder_rank_0_reads(ray_4cpu, tmp_path):
+    """The line that every rank runs: rank 1 deleted ``get_checkpoint()``'s folder, a
+    committed checkpoint, at once (rank 0 refused it); and the folder that rank 0 wrote,
+    while rank 0 was still to copy it."""
+    shared = str(tmp_path / "shared")
+    args = [str(tmp_path), shared]
+    options = {"num_slots": 2, "storage_path": str(tmp_path), "name": "every"}
+    first = horovod_ray.run(_every_rank_reports, args=[*args, False], **options)
+    assert [rank["raised"] for rank in first] == [None, None]
+    committed = tmp_path / "every" / "checkpoint_000001"
+    assert (committed / "weights").read_text() == "rank 0's"
+    assert not os.path.exists(shared)  # ASYNC: deleted once committed
+    second = horovod_ray.run(_every_rank_reports, args=[*args, True], **options)
+    # Refused on every rank, as Ray refuses; nothing deleted.
+    assert [rank["raised"] for rank in second] == ["delete_local_checkpoint_after_upload"] * 2
+    assert second[1]["path"] == str(committed)
+    assert (committed / "weights").read_text() == "rank 0's"

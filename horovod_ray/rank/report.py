@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import sys
 import time
 from typing import Any, Mapping
@@ -40,6 +41,8 @@ from horovod_ray.rank import report_options as options
 logger = logging.getLogger(__name__)
 
 _uploader: Uploader | None = None
+# Folders this rank (not rank 0) reported with delete_local, not removed yet (see _drop).
+_to_drop: list[str] = []
 _tune_session: Any = None  # a trial rank's session (horovod_ray.tune.session)
 _warned = False
 _actor = False
@@ -135,8 +138,7 @@ def report(
         validation, checkpoint is not None, os.environ.get(validations.VALIDATION_ENV) == "1"
     )
     if logs._rank_now() != 0:
-        if delete_local and checkpoint is not None:
-            options.delete_local(checkpoint)  # dropped here: gone, as Ray's workers' are
+        _drop(checkpoint if delete_local else None)
         return
     uploader = _rank_uploader()
     if uploader is not None:
@@ -297,6 +299,44 @@ def close_uploader() -> None:
     if _uploader is not None:
         _uploader.close()
         _uploader = None
+
+
+def _drop(checkpoint: Any) -> None:
+    """A rank other than 0 drops its checkpoint: its folder goes, as Ray's workers' do,
+    but not at once, and never one in the run's storage.
+
+    The same line runs on every rank, and the folder may be the one rank 0 reports (one
+    that rank 0 wrote, or the one ``get_checkpoint()`` gave every rank): rank 0 copies it
+    to its staging folder before its own ``report`` returns. So a folder goes at this
+    rank's next report, which comes after the training step between them (whose
+    collectives wait for rank 0, past its report), or when the call or the job ends
+    (:func:`drop_reported`), after every rank's call returned; never the folder this
+    report hands over.
+
+    Raises:
+        ConfigError: The folder is in the run's storage (naming
+            delete_local_checkpoint_after_upload, as on rank 0).
+    """
+    folder = None
+    if checkpoint is not None and options.on_this_node(checkpoint):
+        storage = RunStorage.from_env()
+        if storage is not None:
+            options.outside_the_run(checkpoint, storage)
+        folder = os.path.realpath(checkpoint.path)
+    drop_reported(keep=folder)
+    if folder is not None and folder not in _to_drop:
+        if not _to_drop and not _actor:
+            atexit.register(drop_reported)  # a command line's process: nothing else ends it
+        _to_drop.append(folder)
+
+
+def drop_reported(keep: str | None = None) -> None:
+    """Removes the folders this rank reported to be dropped (see :func:`_drop`), all but
+    ``keep``; run as a rank's call starts and as its process ends."""
+    for folder in _to_drop:
+        if folder != keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    _to_drop[:] = [keep] if keep in _to_drop else []
 
 
 def use_tune_session(session: Any) -> None:

@@ -5,7 +5,6 @@ before anything is staged: which are refused, and where a checkpoint's folder ma
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 from horovod_ray.checkpoints import choices
@@ -66,12 +65,6 @@ def on_this_node(checkpoint: Any) -> bool:
     import pyarrow.fs
 
     return isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem)
-
-
-def delete_local(checkpoint: Any) -> None:
-    """Removes a checkpoint's folder on this node (one on another filesystem is left)."""
-    if on_this_node(checkpoint):
-        shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
 def outside_the_run(checkpoint: Any, storage: RunStorage) -> None:

@@ -132,6 +132,7 @@ class Worker:
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)
         rank_metrics.call_running(True)
+        report.drop_reported()  # every rank's last call has returned: rank 0 is done with them
         try:
             result = invoke(function, arguments, self._executable)
             report.flush()  # the call's checkpoints are persisted before it returns
@@ -153,6 +154,7 @@ class Worker:
         those take about 0.7 CPU-seconds per process, spent after stop() has returned
         (see docs/benchmarks.rst, "Fixes found by measuring").
         """
+        report.drop_reported()
         gc.disable()
         gc.freeze()
         ray.actor.exit_actor()

@@ -241,7 +241,8 @@ class _ThreadTask:
     def _run(self, fn: Callable[..., Any], kwargs: dict, checkpoint: Any) -> None:
         try:
             self._result = VALIDATED, validate(fn, kwargs, checkpoint), None
-        except Exception as err:  # noqa: BLE001 - the function's failure, recorded
+        except BaseException as err:  # noqa: BLE001 - the function's failure, recorded
+            # sys.exit() too: it ends only this thread, and a Ray task's is a failure.
             logger.exception("a checkpoint's validation failed")
             self._result = FAILED, {}, f"{type(err).__name__}: {err}"
         finally:

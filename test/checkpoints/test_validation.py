@@ -5,6 +5,7 @@ run) over a real run folder. A real job's Ray tasks are in test_report_options."
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,10 +26,12 @@ from horovod_ray.settings import create_settings
 pytestmark = pytest.mark.unit
 
 
-def _score(checkpoint, scale=1, fail=False, sleep_s=0.0):
+def _score(checkpoint, scale=1, fail=False, sleep_s=0.0, exit_code=None):
     """A validation: the checkpoint's number, scaled."""
     if fail:
         raise RuntimeError("the validation set is missing")
+    if exit_code is not None:
+        sys.exit(exit_code)
     time.sleep(sleep_s)
     with checkpoint.as_directory() as folder:
         return {"val_score": scale * int(Path(folder, "step").read_text())}
@@ -153,6 +156,21 @@ def test_the_validator_merges_metrics_and_records_each_outcome(tmp_path):
             result.get_best_checkpoint(metric, mode)
         assert raised.value.parameter == parameter
     assert "'step', 'val_score'" in str(raised.value)  # what the checkpoints have
+
+
+def test_a_validation_that_exits_fails_in_a_local_run_as_in_a_ray_task(tmp_path):
+    """``sys.exit()`` in the function raises SystemExit, which is no Exception: the thread
+    of a local run's validation ended without an outcome, and the run never returned."""
+    storage = spec.create(str(tmp_path), "run")
+    _commit(storage, tmp_path, 1, {"fn_kwargs": {"exit_code": 3}})
+    validator = Validator(storage, _config(), in_process=True, poll_s=0.05)
+    validator.start()
+    finishing = threading.Thread(target=validator.finish, daemon=True)
+    finishing.start()
+    finishing.join(30)
+    assert not finishing.is_alive(), "the validator never finished"
+    assert _marker(storage, 1)["validation"]["status"] == "VALIDATION_FAILED"
+    assert _marker(storage, 1)["validation"]["error"] == "SystemExit: 3"
 
 
 def test_an_outcome_is_recorded_only_on_the_pending_marker_it_belongs_to(tmp_path):

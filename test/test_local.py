@@ -134,3 +134,45 @@ def test_a_local_run_refuses_more_than_one_rank(kwargs, parameter):
     with pytest.raises(ConfigError) as raised:
         horovod_ray.run(len, args=[[]], **{"local": True, **kwargs})
     assert raised.value.parameter == parameter
+
+
+def _reports_around_a_local_run(inner_storage: str) -> list:
+    """A rank reports, runs a function with run(local=True) and its own storage, and
+    reports again."""
+    import tempfile
+    from pathlib import Path
+
+    from ray.train import Checkpoint
+
+    import horovod_ray
+
+    def report(text: str) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "text").write_text(text)
+            horovod_ray.report({"text": text}, checkpoint=Checkpoint.from_directory(folder))
+
+    report("outer 1")
+    inner = horovod_ray.run(
+        lambda: report("inner"), local=True, storage_path=inner_storage, name="inner"
+    )
+    report("outer 2")
+    return inner
+
+
+def test_a_local_run_inside_a_rank_keeps_its_checkpoints_apart(ray_4cpu, tmp_path):
+    """The rank's upload thread took the inner run's checkpoint into the enclosing run,
+    where it became the latest (what that job would resume from), and the inner run got
+    nothing."""
+    from pathlib import Path
+
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    assert horovod_ray.run(
+        _reports_around_a_local_run, args=[str(inner)], storage_path=str(outer), name="outer"
+    ) == [[None]]
+
+    def texts(run: Path) -> list[str]:
+        best = horovod_ray.Result.from_path(str(run)).best_checkpoints
+        return [Path(checkpoint.path, "text").read_text() for checkpoint, _ in best]
+
+    assert texts(outer / "outer") == ["outer 1", "outer 2"]
+    assert texts(inner / "inner") == ["inner"]

@@ -103,27 +103,27 @@ def run_here(
     logs._channel = _Direct(callbacks)
     finished = False
     try:
-        if checkpoints is not None:
-            checkpoints.start()
-        result = fn(*args, **kwargs)
-        report.flush()  # its checkpoints are persisted before run() returns
-        finished = True
-        return [result]
-    finally:
-        try:
-            logs._channel = saved_channel
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-        finally:
+        with report.apart():  # an enclosing rank's upload thread is not this run's
             try:
-                _shutdown_horovod(running_before)
-                report.close_uploader()
-            finally:
                 if checkpoints is not None:
-                    checkpoints.end(finished)  # validated, then pruned
+                    checkpoints.start()
+                result = fn(*args, **kwargs)
+                report.flush()  # its checkpoints are persisted before run() returns
+                finished = True
+                return [result]
+            finally:
+                try:
+                    logs._channel = saved_channel
+                    for key, value in saved.items():
+                        if value is None:
+                            os.environ.pop(key, None)
+                        else:
+                            os.environ[key] = value
+                finally:
+                    _shutdown_horovod(running_before)
+    finally:
+        if checkpoints is not None:
+            checkpoints.end(finished)  # validated, then pruned
 
 
 def _horovods_running() -> set[str]:

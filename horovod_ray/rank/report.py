@@ -20,12 +20,13 @@ every rank) and their metrics and checkpoints are dropped: a checkpoint holds wh
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
 import sys
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints import validation as validations
@@ -337,6 +338,23 @@ def drop_reported(keep: str | None = None) -> None:
         if folder != keep:
             shutil.rmtree(folder, ignore_errors=True)
     _to_drop[:] = [keep] if keep in _to_drop else []
+
+
+@contextlib.contextmanager
+def apart() -> Iterator[None]:
+    """Reports in the block belong to a run of their own (``run(local=True)`` inside a
+    rank): the enclosing job's upload thread and Tune session are set aside, and given
+    back after the block, whose own upload thread is closed."""
+    global _uploader, _tune_session
+    outer = _uploader, _tune_session
+    _uploader, _tune_session = None, None
+    try:
+        yield
+    finally:
+        try:
+            close_uploader()
+        finally:
+            _uploader, _tune_session = outer
 
 
 def use_tune_session(session: Any) -> None:

@@ -158,9 +158,15 @@ def report(
             checkpoint_dir_name = options.folder_in_the_run(checkpoint, uploader.storage,
                                                      checkpoint_dir_name)  # fmt: skip
         # A checkpoint reported on a static job's preemption notice: this process is
-        # stopped before the caller could remove its folder, so it goes once committed.
+        # stopped before the caller could remove its folder, so it goes once committed,
+        # unless the caller said to keep it.
         just_in_time = preemption.stops_after_checkpoint()
-        if just_in_time and not in_place and not options.in_the_run(checkpoint, uploader.storage):
+        if (
+            just_in_time
+            and delete_local_checkpoint_after_upload is None
+            and not in_place
+            and not options.in_the_run(checkpoint, uploader.storage)
+        ):
             delete_local = True
         # The upload thread deletes the folder once the checkpoint is committed.
         uploader.submit(

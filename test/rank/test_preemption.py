@@ -24,6 +24,7 @@ def folder(tmp_path, monkeypatch):
     monkeypatch.setenv(preemption.PREEMPTION_DIR_ENV, str(tmp_path))
     monkeypatch.setattr(preemption, "_agreed", None)
     monkeypatch.setattr(preemption, "_asked", False)
+    monkeypatch.setattr(preemption, "_waited", preemption._waited)
     return tmp_path
 
 
@@ -234,3 +235,42 @@ def test_an_elastic_runs_notices_name_every_draining_node_that_held_ranks():
         "nodes": {"a": [2], "b": [0, 1]},
         "restart": False,
     }
+
+
+@pytest.mark.parametrize(("delete_local", "kept"), [(None, False), (False, True), (True, False)])
+def test_the_just_in_time_checkpoint_keeps_a_folder_the_caller_keeps(
+    folder, monkeypatch, tmp_path, delete_local, kept
+):
+    """Rank 0's checkpoint on a static job's notice: its folder goes once committed (the
+    process is stopped before the caller could remove it), but not with
+    ``delete_local_checkpoint_after_upload=False``."""
+    from pathlib import Path
+
+    from ray.train import Checkpoint
+
+    from horovod_ray.checkpoints import spec, store
+    from horovod_ray.rank import report
+
+    storage = spec.create(str(tmp_path / "store"), "run")
+    for key, value in storage.to_env(None).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    monkeypatch.setattr(preemption, "UNSTOPPED_S", 0.0)
+    monkeypatch.setattr(preemption, "_waited", 0)  # no notice was waited for yet
+    preemption.deliver(1, preemption.notice(1, 1_000, {"a": [1]}, restart=True))
+    horovod_ray.get_preemption_info()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "weights").write_text("1")
+    try:
+        report.report(
+            {"step": 1},
+            Checkpoint.from_directory(str(mine)),
+            delete_local_checkpoint_after_upload=delete_local,
+        )
+    finally:
+        report.close_uploader()
+    (entry,) = store.list_entries(storage)
+    assert entry.committed
+    assert Path(storage.run_path, "checkpoint_000001", "weights").read_text() == "1"
+    assert mine.exists() is kept

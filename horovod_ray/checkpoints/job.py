@@ -12,7 +12,7 @@ import logging
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.choices import Entry, latest, next_index
 from horovod_ray.checkpoints.files import storage_errors
-from horovod_ray.checkpoints.spec import RunStorage
+from horovod_ray.checkpoints.spec import FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.validation import VALIDATION_ENV, Validation
 from horovod_ray.checkpoints.validator import Validator
 
@@ -34,6 +34,7 @@ class JobCheckpoints:
     ) -> None:
         self.storage = storage
         self._validator = None if validation is None else Validator(storage, validation, in_process)
+        self._first_index: int | None = None  # the job's first number, once its env is made
 
     def rank_env(self) -> dict[str, str]:
         """The ranks' environment (see :func:`job_env`), and whether their
@@ -43,6 +44,7 @@ class JobCheckpoints:
             CheckpointError: The run's folder could not be read.
         """
         env = job_env(self.storage)
+        self._first_index = int(env[FIRST_INDEX_ENV])
         if self._validator is not None:
             env[VALIDATION_ENV] = "1"
         return env
@@ -60,7 +62,7 @@ class JobCheckpoints:
             if self._validator is not None:
                 self._validator.finish() if finished else self._validator.cancel()
         finally:
-            store.prune(self.storage)
+            store.prune(self.storage, self._first_index)
 
 
 def job_env(storage: RunStorage) -> dict[str, str]:

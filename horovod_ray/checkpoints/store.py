@@ -285,23 +285,31 @@ def _upload_with(upload_fn: Any, local_dir: str, destination: str) -> None:
         )
 
 
-def prune(storage: RunStorage) -> None:
+def prune(storage: RunStorage, first_index: int | None = None) -> None:
     """Applies the keep policy once a job has ended: its starting checkpoint is no longer
-    protected, and an unfinished folder is an upload that was cut off."""
-    _remove_unkept(storage, stale_below=None, protected=None)
+    protected, and an unfinished folder is an upload that was cut off. ``first_index``:
+    the ended job's first number, below which a cut-off upload to a named folder is an
+    earlier job's (see :func:`_remove_unkept`); None: unknown, every such folder goes."""
+    _remove_unkept(storage, stale_below=None, protected=None, first_index=first_index)
 
 
-def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int | None) -> None:
+def _remove_unkept(
+    storage: RunStorage,
+    stale_below: int | None,
+    protected: int | None,
+    first_index: int | None = None,
+) -> None:
     """Removes what :func:`to_remove` says (``stale_below`` None: every unfinished
     folder), and the JSON files a killed process left half-written (see
     :func:`stale_partials`). A storage that fails here is logged, not raised: the
     checkpoints that count are already there, and the job's own outcome is what its
     caller needs.
 
-    A folder another checkpoint kept still names stays. While a job runs, an earlier
-    job's cut-off upload to a named folder loses only its marker: the job's start removed
+    A folder another checkpoint kept still names stays. An earlier job's cut-off upload
+    to a named folder (numbered below the job's first number: ``stale_below`` while it
+    runs, ``first_index`` once it ended) loses only its marker: the job's start removed
     that folder (``job.job_env``), and the name may hold a ``NO_UPLOAD`` checkpoint of
-    this job's by now."""
+    this job's by now, which stays even if it was never committed."""
     try:
         infos = listing(storage)  # once: a listing is a request to a cloud storage
         entries = list_entries(storage, infos)
@@ -316,12 +324,16 @@ def _remove_unkept(storage: RunStorage, stale_below: int | None, protected: int 
             protected,
         )
         kept = {e.folder.casefold() for e in entries if e.index not in set(removed)}
+        first = stale_below if stale_below is not None else first_index
         for index in removed:
             entry = by_index[index]
-            cut_off_named = not entry.committed and entry.named is not None
-            with_folder = entry.folder.casefold() not in kept and not (
-                cut_off_named and stale_below is not None
+            earlier_jobs_named = (
+                not entry.committed
+                and entry.named is not None
+                and first is not None
+                and entry.index < first
             )
+            with_folder = entry.folder.casefold() not in kept and not earlier_jobs_named
             remove(storage, entry, with_folder=with_folder)
         names = [info.base_name for info in infos]
         for name in stale_partials(names, stale_below):

@@ -191,6 +191,28 @@ def test_a_no_upload_folder_on_a_cut_off_uploads_name_is_not_removed(tmp_path):
     ]  # fmt: skip
 
 
+def test_an_uncommitted_no_upload_folder_outlives_a_stale_marker_of_its_name(tmp_path):
+    """A driver died during an upload to "best"; the next job wrote its NO_UPLOAD folder
+    "best" and failed before committing it: its end's keep policy removed the earlier
+    job's marker, and with it the user's folder, which the docs say stays."""
+    storage = spec.create(str(tmp_path), "run")
+    run = tmp_path / "run"
+    _cut_off(run, 1, "best")
+    checkpoints = job.JobCheckpoints(storage, None)
+    checkpoints.rank_env()  # the job starts: the cut-off folder goes
+    _folder(run, "best", "mine")  # rank 0 writes it; the job fails before it is committed
+    checkpoints.end(finished=False)
+    assert (run / "best" / "model.txt").read_text() == "mine"
+    assert sorted(os.listdir(run)) == ["best"]  # the stale marker is gone
+    # This job's own cut-off upload to a name still goes, folder too.
+    _cut_off(run, 2, "epoch_2")
+    checkpoints = job.JobCheckpoints(storage, None)
+    checkpoints.rank_env()
+    _cut_off(run, 3, "epoch_3")
+    checkpoints.end(finished=False)
+    assert sorted(os.listdir(run)) == ["best"]
+
+
 def test_a_kept_checkpoints_folder_is_never_removed_with_another_marker(tmp_path):
     """Two markers naming one folder (two processes that chose the same name at once):
     removing the older one does not take the folder the newer one is in."""

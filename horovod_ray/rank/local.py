@@ -10,17 +10,19 @@ on a rank. horovod is shut down when the call ends, so the next call starts afre
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import Any, Callable, Mapping, Sequence
 
 from horovod_ray.checkpoints.job import JobCheckpoints
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
 from horovod_ray.checkpoints.validation import VALIDATION_ENV
 from horovod_ray.observe.job import JobTelemetry
-from horovod_ray.rank import logs, report
+from horovod_ray.rank import frameworks, logs, report
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
 from horovod_ray.rank.timeline import TIMELINE_ENV
+
+logger = logging.getLogger(__name__)
 
 # A job of one: what the executor gives each rank, for rank 0 of 1.
 _ONE = {
@@ -92,11 +94,12 @@ def run_here(
         rank_env.update(checkpoints.rank_env())
     if settings.timeline is not None:
         rank_env["HOROVOD_TIMELINE"] = settings.timeline
+        _timeline_folder(settings.timeline)
     rank_env = {**rank_env, **env}
     rank_env.pop(TIMELINE_ENV, None)
     saved = {key: os.environ.get(key) for key in {*rank_env, *_OUTER}}
     saved_channel = logs._channel
-    running_before = _horovods_running()
+    running_before = frameworks.running()
     for key in _OUTER:
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
@@ -120,23 +123,21 @@ def run_here(
                         else:
                             os.environ[key] = value
                 finally:
-                    _shutdown_horovod(running_before)
+                    frameworks.shut_down(keep=running_before)  # its timeline is then whole
+                    if settings.timeline is not None and not os.path.exists(settings.timeline):
+                        logger.warning(
+                            "horovod wrote no timeline to %s: did the function call hvd.init()?",
+                            settings.timeline,
+                        )
     finally:
         if checkpoints is not None:
             checkpoints.end(finished)  # validated, then pruned
 
 
-def _horovods_running() -> set[str]:
-    """The horovod frameworks already initialised in this process."""
-    return {
-        name
-        for name in ("horovod.torch", "horovod.tensorflow")
-        if name in sys.modules and getattr(sys.modules[name], "is_initialized", lambda: False)()
-    }
-
-
-def _shutdown_horovod(running_before: set[str]) -> None:
-    """Ends horovod where the function started it (its timeline is then complete); one
-    the caller had started before stays."""
-    for name in _horovods_running() - running_before:
-        sys.modules[name].shutdown()
+def _timeline_folder(path: str) -> None:
+    """Makes the timeline's folder, as a job on Ray does: horovod writes nothing, and
+    says nothing, where it is missing."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    except OSError as err:
+        logger.warning("horovod's timeline cannot be written to %s: %s", path, err)

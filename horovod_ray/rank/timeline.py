@@ -2,9 +2,9 @@
 
 The driver asks for it (``TIMELINE_ENV``); each rank picks a file in its own node's
 temporary folder (horovod writes only rank 0's), unless ``HOROVOD_TIMELINE`` already
-names one. The file is handed to the driver as the job stops (``Worker.take_timeline``)
-and removed if it is this package's; one left by a killed rank is removed by the next
-rank started on its node.
+names one. The file is handed to the driver as the job stops (``Worker.take_timeline``,
+after horovod's shutdown has written it whole) and removed if it is this package's;
+one left by a killed rank is removed by the next rank started on its node.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import tempfile
 
 from horovod_ray.checkpoints.upload import sweep_stale
+from horovod_ray.rank import frameworks
 
 # Set by the driver when settings.timeline asks for the file.
 TIMELINE_ENV = "HOROVOD_RAY_TIMELINE"
@@ -38,9 +39,14 @@ def choose() -> None:
 
 
 def take() -> bytes | None:
-    """The timeline's bytes (None: no file); this package's file is removed."""
+    """The timeline's bytes (None: no file); this package's file is removed.
+
+    horovod is shut down first (the job is stopping): its writer holds the last events
+    in a buffer until then, often the last collective's ends.
+    """
     if _path is None:
         return None
+    frameworks.shut_down()
     try:
         with open(_path, "rb") as handle:
             data = handle.read()

@@ -3,6 +3,7 @@ metrics for good, or take an old run's folder; on real Ray where it takes Ray.""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 import horovod_ray
 from horovod_ray import RayExecutor
-from test.conftest import alive_actors
+from test.conftest import alive_actors, run_fresh_python
 
 
 def _one_allreduce():
@@ -31,10 +32,50 @@ def test_a_timeline_that_cannot_be_written_still_releases_the_job(no_leaks, capl
     assert alive_actors() == []  # released all the same (no_leaks checks the group too)
 
 
-def test_run_writes_the_timeline_where_it_is_asked(ray_4cpu, tmp_path):
+def _three_allreduces():
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    return [float(hvd.allreduce(torch.ones(1), name=name)) for name in ("a", "b", "last")]
+
+
+def _begun_and_ended(path) -> dict[str, tuple[int, int]]:
+    """Each tensor's begin and end events in a horovod timeline, whole JSON."""
+    events = json.loads(path.read_text())
+    names = [e for e in events if e.get("name") == "process_name" and "name" in e["args"]]
+    tensors = {event["pid"]: event["args"]["name"] for event in names}
+    counts = {name: [0, 0] for name in tensors.values()}
+    for event in events:
+        if event.get("ph") in ("B", "E") and event.get("pid") in tensors:
+            counts[tensors[event["pid"]]][event["ph"] == "E"] += 1
+    return {name: tuple(count) for name, count in counts.items()}
+
+
+def test_run_writes_the_timeline_where_it_is_asked_with_the_last_collectives_end(
+    ray_4cpu, tmp_path
+):
+    """Read while horovod ran, the file lacked what its writer still buffered: often the
+    last collective's ends, and the closing bracket."""
     path = tmp_path / "deep" / "timeline.json"
-    assert horovod_ray.run(_one_allreduce, num_slots=2, timeline=str(path)) == [1.0, 1.0]
-    assert b"allreduce.one" in path.read_bytes()
+    assert horovod_ray.run(_three_allreduces, num_slots=2, timeline=str(path)) == [[1.0] * 3] * 2
+    events = _begun_and_ended(path)
+    begun, ended = events["allreduce.last"]
+    assert begun == ended > 0, events
+
+
+def test_a_local_run_makes_the_timelines_folder(tmp_path):
+    """As a job on Ray does: into a folder that was not there, horovod wrote nothing and
+    nobody said so."""
+    path = tmp_path / "not yet" / "timeline.json"
+    code = (
+        "import horovod_ray\n"
+        "from test.observe.test_when_it_goes_wrong import _three_allreduces\n"
+        f"print(horovod_ray.run(_three_allreduces, local=True, timeline={str(path)!r}))\n"
+    )
+    assert run_fresh_python(code, timeout_s=120).splitlines()[-1] == "[[1.0, 1.0, 1.0]]"
+    begun, ended = _begun_and_ended(path)["allreduce.last"]
+    assert begun == ended > 0
 
 
 @pytest.mark.unit

@@ -248,6 +248,12 @@ class RayExecutor:
         try:
             kind.start(env, executable, self._cancel.check)
             self._cancel.check()
+            if self.elastic is None:
+                size = len(kind.ranks)
+                self._telemetry.ranks(size, size)
+                self._telemetry.started(kind.start_s)
+            if self._checkpoints is not None:
+                self._checkpoints.start()  # within the rollback: the ranks are up now
         except BaseException as err:
             cancelled = self._cancel.is_set()
             self._lifecycle.finish_start(lambda: self._release(grace_s=0), cancelled)
@@ -257,12 +263,6 @@ class RayExecutor:
             if error is err:
                 raise  # the error start() met, as it was
             raise error from err
-        if self.elastic is None:
-            size = len(kind.ranks)
-            self._telemetry.ranks(size, size)
-            self._telemetry.started(kind.start_s)
-        if self._checkpoints is not None:
-            self._checkpoints.start()
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)

@@ -19,6 +19,7 @@ from horovod_ray import (
     ConfigError,
     ExecutorState,
     ExecutorStateError,
+    HorovodRayError,
     RayExecutor,
     StartCancelledError,
     WorkerFailedError,
@@ -411,6 +412,24 @@ def test_wrong_state_calls_say_what_to_do(ray_4cpu, no_leaks):
     never_started = RayExecutor(SETTINGS, num_workers=1)
     never_started.stop()
     assert never_started.state is ExecutorState.STOPPED
+
+
+def test_a_start_that_fails_once_the_ranks_are_up_releases_them(
+    ray_4cpu, no_leaks, monkeypatch, tmp_path
+):
+    """The run's validations start last, once the ranks are up: started outside the
+    rollback, a failure there left the actors and the placement group held."""
+    from horovod_ray.checkpoints.job import JobCheckpoints
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(JobCheckpoints, "start", no_thread)
+    settings = RayExecutor.create_settings(timeout_s=60, storage_path=str(tmp_path), name="run")
+    executor = RayExecutor(settings, num_workers=2)
+    with pytest.raises(HorovodRayError, match="start\\(\\) failed: can't start new thread"):
+        executor.start()
+    assert executor.state in (ExecutorState.FAILED, ExecutorState.STOPPED)
 
 
 def test_stop_releases_workers_group_and_rendezvous(ray_4cpu, no_leaks):

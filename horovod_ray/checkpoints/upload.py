@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
+from horovod_ray.checkpoints import leftovers, store
 from horovod_ray.checkpoints import metrics as metrics_
-from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import CheckpointError
 
@@ -77,7 +77,7 @@ class Uploader:
         self._metrics: tuple[int, dict] | None = None  # a metrics-only report waiting
         self._staged = 0  # checkpoints reported and not yet handled (a metric)
         self._unscored_logged = False
-        sweep_stale((STAGING_PREFIX,))
+        leftovers.sweep_stale((STAGING_PREFIX,))
         self._watch.upload_failures(0)
         self._watch.upload_queue(0)
         self._thread = threading.Thread(
@@ -114,7 +114,7 @@ class Uploader:
         staging = None
         try:
             if not in_place:
-                staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
+                staging = tempfile.mkdtemp(prefix=leftovers.owned(STAGING_PREFIX))
                 with checkpoint.as_directory() as directory:
                     shutil.copytree(directory, staging, dirs_exist_ok=True)
         except BaseException:
@@ -302,36 +302,3 @@ def _folder_bytes(folder: str) -> int:
             except OSError:
                 continue
     return size
-
-
-def sweep_stale(prefixes: tuple[str, ...], root: str | None = None) -> list[str]:
-    """Removes the folders and files under ``root`` (the temporary folder by default) that
-    a process which is gone left: each is named a prefix, the process id, ``-`` and a
-    suffix (a process killed with its job never runs the code that removes its own).
-    Returns the names removed."""
-    root = tempfile.gettempdir() if root is None else root
-    removed = []
-    for name in os.listdir(root):
-        prefix = next((p for p in prefixes if name.startswith(p)), None)
-        pid = name[len(prefix) :].split("-", 1)[0] if prefix else ""
-        if pid.isdigit() and not _alive(int(pid)):
-            path = os.path.join(root, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                try:
-                    os.remove(path)
-                except OSError:
-                    continue
-            removed.append(name)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

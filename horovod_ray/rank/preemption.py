@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Mapping
 
-from horovod_ray.checkpoints.upload import sweep_stale
+from horovod_ray.checkpoints.leftovers import owned, sweep_stale
 from horovod_ray.errors import HorovodRayError
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def open_folder() -> str:
     removed as the process exits, or, left by a killed one, by the next rank's sweep."""
     sweep_stale((PREFIX,))
     job_id = os.environ.get("HOROVOD_RAY_JOB_ID", "job")
-    folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{job_id}-")
+    folder = tempfile.mkdtemp(prefix=f"{owned(PREFIX)}{job_id}-")
     atexit.register(shutil.rmtree, folder, True)
     os.environ[PREEMPTION_DIR_ENV] = folder
     return folder

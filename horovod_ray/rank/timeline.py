@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from horovod_ray.checkpoints.upload import sweep_stale
+from horovod_ray.checkpoints.leftovers import owned, sweep_stale
 from horovod_ray.rank import frameworks
 
 # Set by the driver when settings.timeline asks for the file.
@@ -33,7 +33,7 @@ def choose() -> None:
     _path = os.environ.get("HOROVOD_TIMELINE")
     if not _path:
         job_id = os.environ.get("HOROVOD_RAY_JOB_ID", "job")
-        _path = os.path.join(tempfile.gettempdir(), f"{PREFIX}{os.getpid()}-{job_id}.json")
+        _path = os.path.join(tempfile.gettempdir(), f"{owned(PREFIX)}{job_id}.json")
         os.environ["HOROVOD_TIMELINE"] = _path
         _ours = True
 

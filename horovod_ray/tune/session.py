@@ -31,7 +31,7 @@ import ray
 from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from horovod_ray.checkpoints import upload
+from horovod_ray.checkpoints import leftovers
 from horovod_ray.errors import CheckpointError, HorovodRayError
 from horovod_ray.rank import report
 from horovod_ray.rank.logs import post_and_wait_delivered
@@ -229,7 +229,7 @@ class RankSession:
             return None
         if self._checkpoint_dir is None:
             tag = f"{self._copies_tag}-" if self._copies_tag else ""
-            directory = tempfile.mkdtemp(prefix=f"{RESTORED_PREFIX}{os.getpid()}-{tag}")
+            directory = tempfile.mkdtemp(prefix=f"{leftovers.owned(RESTORED_PREFIX)}{tag}")
             self._checkpoint_dir = _unpack(self._checkpoint_bytes, directory)
         return tune.Checkpoint.from_directory(self._checkpoint_dir)
 
@@ -269,7 +269,7 @@ def sweep_stale(root: str | None = None) -> list[str]:
     Args:
         root: Where the copies are made (the temporary folder by default).
     """
-    return upload.sweep_stale((RESTORED_PREFIX, FORWARDED_PREFIX), root)
+    return leftovers.sweep_stale((RESTORED_PREFIX, FORWARDED_PREFIX), root)
 
 
 def remove_restored_copies(copies_tag: str, node_ids: Iterable[str]) -> None:
@@ -367,7 +367,7 @@ def forward(item: object) -> None:
     if item.checkpoint is None:
         tune.report(item.metrics)
         return
-    directory = tempfile.mkdtemp(prefix=f"{FORWARDED_PREFIX}{os.getpid()}-")
+    directory = tempfile.mkdtemp(prefix=leftovers.owned(FORWARDED_PREFIX))
     try:
         _unpack(item.checkpoint, directory)
         # Tune persists the checkpoint to the trial's storage before report returns.

@@ -172,15 +172,17 @@ CATALOG: tuple[Metric, ...] = (
         (*JOB, "rank"),
         "seconds",
         "rank 0",
-        "With find_stragglers=True: seconds the job waited for this rank alone, as the last "
-        "one ready for a collective (horovod's coordinator on rank 0, one cycle's resolution)",
+        "Seconds the job waited for this rank alone, as the last one ready for a collective "
+        "horovod's coordinator negotiated (on rank 0, one cycle's resolution); every "
+        "collective only with find_stragglers=True",
     ),
     _counter(
         "horovod_ray_waited_for_total",
         (*JOB, "rank"),
         "collectives",
         "rank 0",
-        "With find_stragglers=True: the times the job waited for this rank alone",
+        "The times the job waited for this rank alone; every collective only with "
+        "find_stragglers=True",
     ),
 )
 

@@ -41,8 +41,9 @@ class JobStatus:
         step: The last report's ``step`` (or ``epoch``) value where it had one, else
             ``reports``; None before the first.
         last_report_age_s: Seconds since that report; None before the first.
-        slowest_rank: The rank the others waited for longest (horovod's coordinator,
-            with ``find_stragglers=True``), or None when no rank was waited for.
+        slowest_rank: The rank the others waited for longest (horovod's coordinator; of
+            every collective only with ``find_stragglers=True``, else of those it
+            negotiated), or None when no rank was waited for.
         slowest_waited_s: Seconds they waited for it.
         started_at: When the driver created the job (seconds since the epoch).
     """

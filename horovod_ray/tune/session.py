@@ -8,7 +8,8 @@ each returns once Tune has taken it, as Ray's own ``tune.report`` does; other ra
 reports are accepted and dropped. The restored checkpoint is unpacked on every rank, and
 ``ray.tune.get_context()`` answers with the trial's facts (:class:`TrialFacts`).
 
-Checkpoints travel through Ray's object store, so they suit model states of up to a few
+Checkpoints travel as tar archives (``parcels``): rank 0's reported ones as a file on its
+node, the restored one through Ray's object store; they suit model states of up to a few
 hundred MB. Links in a checkpoint's folder are followed: what they point to travels.
 The copies made on the way are removed when they are no longer read, also when the
 trial is stopped with its ranks mid-training (:func:`remove_restored_copies`).
@@ -18,11 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import io
 import logging
 import os
 import shutil
-import tarfile
 import tempfile
 from types import ModuleType
 from typing import Any, Callable, Iterable
@@ -32,9 +31,10 @@ from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from horovod_ray.checkpoints import leftovers
-from horovod_ray.errors import CheckpointError, HorovodRayError
+from horovod_ray.errors import HorovodRayError
 from horovod_ray.rank import report
 from horovod_ray.rank.logs import post_and_wait_delivered
+from horovod_ray.tune import parcels
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Report:
     """One ``ray.tune.report`` from rank 0, on its way to the trial's actor."""
 
     metrics: dict
-    checkpoint: bytes | None
+    checkpoint: parcels.Parcel | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,62 +126,6 @@ class TrialFacts:
             run_id=session.run_id,
             storage=session.storage,
         )
-
-
-def _pack(directory: str) -> bytes:
-    """The folder as a tar archive in memory; links are followed, as the storage path's
-    copy (shutil.copytree) does: a link out of the folder (Hugging Face's cache lays its
-    files out so) could not be unpacked safely, and its target is part of the checkpoint.
-
-    Raises:
-        CheckpointError: The folder, or a file a link in it points to, cannot be read; or
-            a link in it points to a folder it is in (it would never end).
-    """
-    buffer = io.BytesIO()
-    try:
-        with tarfile.open(fileobj=buffer, mode="w", dereference=True) as archive:
-            _add_tree(archive, directory, ".", frozenset())
-    except FileNotFoundError as err:
-        raise CheckpointError(
-            f"cannot read checkpoint folder {directory} to pass it on: {err} (is it a link "
-            f"that points nowhere?)"
-        ) from err
-    except OSError as err:
-        raise CheckpointError(
-            f"cannot read checkpoint folder {directory} to pass it on: {err}"
-        ) from err
-    return buffer.getvalue()
-
-
-def _add_tree(archive: tarfile.TarFile, path: str, name: str, outer: frozenset[str]) -> None:
-    """Adds the folder ``path`` as ``name``, following links; ``outer``: the real paths
-    of the folders it is in."""
-    real = os.path.realpath(path)
-    if real in outer:
-        raise CheckpointError(
-            f"cannot pass the checkpoint on: {path} is a link to a folder it is in ({real}), "
-            f"which would be copied without end; remove the link"
-        )
-    archive.add(path, arcname=name, recursive=False)
-    for entry in sorted(os.listdir(path)):
-        inner = os.path.join(path, entry)
-        if os.path.isdir(inner):  # a folder, or a link to one
-            _add_tree(archive, inner, f"{name}/{entry}", outer | {real})
-        else:
-            archive.add(inner, arcname=f"{name}/{entry}", recursive=False)
-
-
-def _unpack(data: bytes, directory: str) -> str:
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as archive:
-        archive.extractall(directory, filter="data")
-    return directory
-
-
-def pack_checkpoint(checkpoint: tune.Checkpoint | None) -> bytes | None:
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as directory:
-        return _pack(directory)
 
 
 class RankSession:
@@ -230,7 +174,7 @@ class RankSession:
         if self._checkpoint_dir is None:
             tag = f"{self._copies_tag}-" if self._copies_tag else ""
             directory = tempfile.mkdtemp(prefix=f"{leftovers.owned(RESTORED_PREFIX)}{tag}")
-            self._checkpoint_dir = _unpack(self._checkpoint_bytes, directory)
+            self._checkpoint_dir = parcels.unpack(self._checkpoint_bytes, directory)
         return tune.Checkpoint.from_directory(self._checkpoint_dir)
 
     def report(self, metrics: dict, *, checkpoint: tune.Checkpoint | None = None) -> None:
@@ -240,8 +184,13 @@ class RankSession:
         """
         if self._rank != 0:
             return
-        # Packed now: the caller may delete the directory as soon as report returns.
-        post_and_wait_delivered(Report(dict(metrics), pack_checkpoint(checkpoint)))
+        # Packed now: the caller may delete the directory as soon as report returns. The
+        # trial's actor has read the file once the report is delivered.
+        parcel = parcels.pack_to_file(checkpoint)
+        try:
+            post_and_wait_delivered(Report(dict(metrics), parcel))
+        finally:
+            parcels.remove(parcel)
 
     def close(self) -> None:
         if self._checkpoint_dir is not None:
@@ -269,7 +218,7 @@ def sweep_stale(root: str | None = None) -> list[str]:
     Args:
         root: Where the copies are made (the temporary folder by default).
     """
-    return leftovers.sweep_stale((RESTORED_PREFIX, FORWARDED_PREFIX), root)
+    return leftovers.sweep_stale((RESTORED_PREFIX, FORWARDED_PREFIX, parcels.PARCEL_PREFIX), root)
 
 
 def remove_restored_copies(copies_tag: str, node_ids: Iterable[str]) -> None:
@@ -369,7 +318,7 @@ def forward(item: object) -> None:
         return
     directory = tempfile.mkdtemp(prefix=leftovers.owned(FORWARDED_PREFIX))
     try:
-        _unpack(item.checkpoint, directory)
+        parcels.unpack_parcel(item.checkpoint, directory)
         # Tune persists the checkpoint to the trial's storage before report returns.
         tune.report(item.metrics, checkpoint=tune.Checkpoint.from_directory(directory))
     finally:

@@ -36,10 +36,10 @@ from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.job.lifecycle import FINAL
 from horovod_ray.rank.calls import pickle_fn
 from horovod_ray.settings import Settings, create_settings, require_positive
+from horovod_ray.tune.parcels import pack_checkpoint
 from horovod_ray.tune.session import (
     TrialFacts,
     forward,
-    pack_checkpoint,
     rank_main,
     remove_forwarded_copies,
     remove_restored_copies,

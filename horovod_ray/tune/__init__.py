@@ -6,8 +6,9 @@ Trainable whose trials each run ``train`` on ``num_hosts * num_slots`` Horovod r
 
 Open ``trainable`` for the trial's side (its placement, its job, the warm job kept for
 the next trial), ``session`` for Tune's report and checkpoint on the ranks (both
-halves) and ``parcels`` for how a checkpoint's folder travels between them. ``DistributedTrainableCreator`` is imported when first used: a trial's ranks
-load ``session`` through this file, and should not load the executor with it.
+halves) and ``parcels`` for how a checkpoint's folder travels between them.
+``DistributedTrainableCreator`` is imported when first used: a trial's ranks load
+``session`` through this file, and should not load the executor with it.
 """
 
 from __future__ import annotations

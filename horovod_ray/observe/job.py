@@ -73,6 +73,9 @@ class JobTelemetry:
             "resets": 0,
             "started_at": time.time(),
             "ray_job_id": None,
+            # The actor that runs the job (a Tune trial's), None for a script: its end
+            # leaves the job lost though the Ray job lives on.
+            "driver_actor": None,
             "driver_pid": os.getpid(),
         }
 
@@ -159,7 +162,13 @@ class JobTelemetry:
                 if not ray.is_initialized():
                     return  # a job that never started: nothing to list
                 if self._record["ray_job_id"] is None:
-                    self._record["ray_job_id"] = ray.get_runtime_context().get_job_id()
+                    context = ray.get_runtime_context()
+                    self._record["ray_job_id"] = context.get_job_id()
+                    self._record["driver_actor"] = context.get_actor_id()
+                    # Records of jobs long ended go as each job starts, listed or not.
+                    threading.Thread(
+                        target=self._prune, name="horovod_ray-job-records", daemon=True
+                    ).start()
                 if self._writer is None:
                     self._writer = threading.Thread(
                         target=self._write, name="horovod_ray-job-record", daemon=True
@@ -192,6 +201,12 @@ class JobTelemetry:
                     if self._queue.empty():
                         self._writer = None
                         return
+
+    def _prune(self) -> None:
+        try:
+            registry.prune()
+        except Exception:  # noqa: BLE001 - the records never stop a job
+            logger.debug("the ended jobs' records were not pruned", exc_info=True)
 
     def _failed_once(self, what: str) -> None:
         if not self._published_failed:

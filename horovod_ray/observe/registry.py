@@ -11,15 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 NAMESPACE = "horovod_ray"
 PREFIX = "jobs/"
 RANK0 = "/rank0"
 # States after which a job runs no more.
 ENDED = frozenset({"stopped", "failed", "lost"})
-# How long a job that ended stays listed (--all); then jobs() removes its records.
+# How long a job that ended stays listed (--all), from when it ended (a lost job: when
+# its driver did); then its records are removed.
 KEEP_ENDED_S = 3600.0
+# The most ended jobs whose records are kept, the latest to end (a long Tune sweep ends
+# a job per trial, and nobody may list them).
+MAX_ENDED = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +85,8 @@ def jobs(all: bool = False) -> list[JobStatus]:  # noqa: A002 - the command line
 
     Args:
         all: Also those that ended (stopped, failed, or lost with their driver) within
-            the last hour; older ones' records are removed from the GCS here.
+            the last hour, the latest 1,000 at most; older ones' records are removed
+            from the GCS here (see :func:`expired`).
 
     Returns:
         One :class:`JobStatus` per job.
@@ -90,7 +95,6 @@ def jobs(all: bool = False) -> list[JobStatus]:  # noqa: A002 - the command line
         HorovodRayError: Ray is not initialised.
     """
     import ray
-    from ray.experimental import internal_kv
 
     from horovod_ray.errors import HorovodRayError
 
@@ -98,6 +102,36 @@ def jobs(all: bool = False) -> list[JobStatus]:  # noqa: A002 - the command line
         raise HorovodRayError(
             "horovod_ray.jobs() reads the cluster's GCS: call ray.init(address=...) first"
         )
+    found = _sweep(time.time())
+    return found if all else [job for job in found if job.state not in ENDED]
+
+
+def prune() -> None:
+    """Removes the records of jobs that ended too long ago, or beyond the
+    :data:`MAX_ENDED` latest, as :func:`jobs` does: each job's driver runs it as the job
+    starts, so the records stay bounded when nobody lists them. Needs Ray."""
+    _sweep(time.time())
+
+
+def expired(ended_at: Mapping[str, float], now: float) -> list[str]:
+    """Which ended jobs' records go: those that ended over :data:`KEEP_ENDED_S` ago, and
+    the earliest to end beyond the :data:`MAX_ENDED` latest.
+
+    Args:
+        ended_at: Job id -> when it ended (seconds since the epoch).
+        now: The time now.
+    """
+    recent = sorted((at, job_id) for job_id, at in ended_at.items() if now - at <= KEEP_ENDED_S)
+    over = recent[: max(0, len(recent) - MAX_ENDED)]
+    return [job_id for job_id, at in ended_at.items() if now - at > KEEP_ENDED_S] + [
+        job_id for _, job_id in over
+    ]
+
+
+def _sweep(now: float) -> list[JobStatus]:
+    """Every job's status, oldest first, less those whose records it removes."""
+    from ray.experimental import internal_kv
+
     records: dict[str, dict] = {}
     rank0: dict[str, dict] = {}
     for key in internal_kv._internal_kv_list(PREFIX, namespace=NAMESPACE):
@@ -109,18 +143,21 @@ def jobs(all: bool = False) -> list[JobStatus]:  # noqa: A002 - the command line
             rank0[name[: -len(RANK0)]] = json.loads(value)
         else:
             records[name] = json.loads(value)
-    dead = _dead_drivers()
-    now = time.time()
-    found = []
+    gone = _drivers_gone(records.values(), now)
+    found: dict[str, JobStatus] = {}
+    ended_at: dict[str, float] = {}
     for job_id, record in records.items():
-        job = _status(record, rank0.get(job_id, {}), record.get("ray_job_id") in dead, now)
-        if job.state in ENDED and now - record.get("updated_at", job.started_at) > KEEP_ENDED_S:
-            for key in (PREFIX + job_id, PREFIX + job_id + RANK0):
-                internal_kv._internal_kv_del(key, namespace=NAMESPACE)
-        else:
-            found.append(job)
-    found.sort(key=lambda job: job.started_at)
-    return found if all else [job for job in found if job.state not in ENDED]
+        job = _status(record, rank0.get(job_id, {}), job_id in gone, now)
+        found[job_id] = job
+        if record["state"] in ENDED:
+            ended_at[job_id] = record.get("updated_at", job.started_at)  # its last write
+        elif job_id in gone:
+            ended_at[job_id] = gone[job_id]  # lost: when its driver ended
+    for job_id in expired(ended_at, now):
+        for key in (PREFIX + job_id, PREFIX + job_id + RANK0):
+            internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+        del found[job_id]
+    return sorted(found.values(), key=lambda job: job.started_at)
 
 
 def _status(record: dict, rank0: dict, driver_gone: bool, now: float) -> JobStatus:
@@ -146,8 +183,23 @@ def _status(record: dict, rank0: dict, driver_gone: bool, now: float) -> JobStat
     )
 
 
-def _dead_drivers() -> set[str]:
-    """The Ray job ids (hex) of drivers that have ended."""
+def _drivers_gone(records: Iterable[dict], now: float) -> dict[str, float]:
+    """Job id -> when its driver ended, for the jobs not ended whose driver is gone: a
+    Ray job (a script) that ended, or the actor that ran it (a Tune trial's, killed while
+    Tune's own driver lives). Where Ray does not say when, the record's last write."""
     from ray._private import state
 
-    return {job["JobID"] for job in state.jobs() if job.get("IsDead")}
+    running = [record for record in records if record["state"] not in ENDED]
+    if not running:
+        return {}
+    dead_jobs = {job["JobID"]: job.get("EndTime") or 0 for job in state.jobs() if job.get("IsDead")}
+    gone = {}
+    for record in running:
+        ended_ms = dead_jobs.get(record.get("ray_job_id"))
+        actor = record.get("driver_actor")
+        if ended_ms is None and actor:
+            entry = state.actors(actor) or {}
+            ended_ms = (entry.get("EndTime") or 0) if entry.get("State") == "DEAD" else None
+        if ended_ms is not None:
+            gone[record["id"]] = ended_ms / 1000 if ended_ms else record.get("updated_at", now)
+    return gone

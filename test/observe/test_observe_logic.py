@@ -168,3 +168,11 @@ def test_a_command_lines_job_is_named_by_its_script_else_its_program():
     assert _job_name(["python", "-u", "dir/train.py", "--epochs", "3"]) == "train.py"
     assert _job_name(["--", "./bin/run.sh", "x"]) == "run.sh"
     assert _job_name([]) is None
+
+
+def test_ended_jobs_records_go_an_hour_after_they_ended_and_beyond_the_latest(monkeypatch):
+    monkeypatch.setattr(registry, "MAX_ENDED", 2)
+    now = 10_000.0
+    ended_at = {"old": now - 3601, "a": now - 30, "b": now - 20, "c": now - 10}
+    assert registry.expired(ended_at, now) == ["old", "a"]
+    assert registry.expired({"a": now - 30}, now) == []

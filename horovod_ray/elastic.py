@@ -1,5 +1,6 @@
-"""horovod.ray's ``ElasticRayExecutor`` and ``RayHostDiscovery``, on this package's elastic
-job, so that code written for horovod.ray 0.2x runs with only its import changed.
+"""horovod.ray's ``ElasticRayExecutor``, ``RayHostDiscovery`` and ``TestDiscovery``, on this
+package's elastic job, so that code written for horovod.ray 0.2x runs with only its import
+changed (the discoveries are defined in ``discovery/``).
 
 ``ElasticRayExecutor`` is a thin front for ``RayExecutor(min_workers=..., max_workers=...)``
 (what new code uses, as horovod.ray itself advises since 0.25): its settings, its
@@ -12,15 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.elastic.settings import ElasticSettings
 
+from horovod_ray.discovery.chaos import HostChange, TestDiscovery
+from horovod_ray.discovery.ray_nodes import RayHostDiscovery, hosts_and_slots
 from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.settings import Settings, check_env, create_settings, require_positive
+
+__all__ = [
+    "ElasticRayExecutor",
+    "ElasticRaySettings",
+    "HostChange",
+    "RayHostDiscovery",
+    "TestDiscovery",
+    "create_elastic_settings",
+    "hosts_and_slots",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -335,50 +346,3 @@ class ElasticRayExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def hosts_and_slots(
-    nodes: Iterable[Mapping[str, Any]], cpus_per_slot: float, gpus_per_slot: float | None
-) -> dict[str, int]:
-    """Slots per alive Ray node, from its total resources (horovod.ray's count), keyed by
-    the node's address, or by its node id where several nodes share an address (Ray
-    nodes started on one machine). Pure."""
-    alive = [node for node in nodes if node.get("Alive")]
-    addresses = [node["NodeManagerAddress"] for node in alive]
-    slots = {}
-    for node in alive:
-        resources = node.get("Resources", {})
-        count = resources.get("CPU", 0) // cpus_per_slot
-        if gpus_per_slot:
-            count = min(count, resources.get("GPU", 0) // gpus_per_slot)
-        address = node["NodeManagerAddress"]
-        host = address if addresses.count(address) == 1 else node["NodeID"]
-        if math.ceil(count) > 0:
-            slots[host] = int(math.ceil(count))
-    return slots
-
-
-class RayHostDiscovery(HostDiscovery):
-    """horovod.ray's discovery of Ray's nodes: host -> the ranks its resources hold.
-    Subclass it to narrow the hosts (``ElasticRayExecutor(override_discovery=False)``
-    with ``settings.discovery`` set to the subclass).
-
-    Args:
-        use_gpu: Count GPU slots too (a node's slots are the fewer of the two).
-        cpus_per_slot: CPUs one rank takes.
-        gpus_per_slot: GPUs one rank takes with ``use_gpu``.
-    """
-
-    def __init__(
-        self, use_gpu: bool = False, cpus_per_slot: float = 1, gpus_per_slot: float = 1
-    ) -> None:
-        super().__init__()
-        self.use_gpu = use_gpu
-        self.cpus_per_slot = cpus_per_slot
-        self.gpus_per_slot = gpus_per_slot
-
-    def find_available_hosts_and_slots(self) -> dict[str, int]:
-        import ray
-
-        gpus = self.gpus_per_slot if self.use_gpu else None
-        return hosts_and_slots(ray.nodes(), self.cpus_per_slot, gpus)

@@ -112,6 +112,7 @@ DRAWN = {
     "failures": {"errors"},
     "stack": {"errors"},
     "local_ray": {"worker_output"},
+    "discovery": {"errors", "job", "rank", "settings"},
 }
 
 

@@ -62,7 +62,12 @@ PUBLIC = {
         "WorkerFailedError",
     ],
     "horovod_ray.executor": ["RayExecutor"],
-    "horovod_ray.elastic": ["ElasticRayExecutor", "RayHostDiscovery"],
+    "horovod_ray.elastic": [
+        "ElasticRayExecutor",
+        "RayHostDiscovery",
+        "TestDiscovery",
+        "HostChange",
+    ],
     "horovod_ray.ray_logger": ["log"],
     "horovod_ray.settings": ["Settings", "create_settings"],
     "horovod_ray.run": ["run"],

@@ -1,4 +1,5 @@
-"""The local Ray that ``run()`` and ``horovod-ray run`` start when none is running.
+"""The local Ray that ``run()`` and ``horovod-ray run`` start when none is running, and
+joining a cluster that runs already (:func:`join`).
 
 Only what a one-off job needs, and a faster stop: see docs/benchmarks.rst, B8.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 from typing import Any
 
 import ray
@@ -37,6 +39,70 @@ def start(**options: Any) -> None:
     global _started
     ray.init(address="local", **{**OPTIONS, **options})
     _started = True
+
+
+def join(address: str | None = None, **options: Any) -> None:
+    """Joins the cluster at ``address`` (None: ``RAY_ADDRESS``'s, else the one on this
+    machine), as ``ray.init(address=...)`` does, with this machine's Ray token when it has
+    one.
+
+    Ray 2.60 turns token authentication on for a cluster that ``ray.init()`` starts, and
+    a driver sends the token it finds (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``,
+    ``~/.ray/auth_token``) only to a cluster found on this machine, not to an address
+    given: a second driver was refused ("Authentication token is missing or incorrect").
+    With ``RAY_AUTH_MODE`` unset and a token here, this process sends it (a cluster
+    without authentication ignores it).
+
+    Raises:
+        HorovodRayError: No cluster answered, or it wants a token this process does not
+            have; with where to get one.
+    """
+    from ray.exceptions import AuthenticationError
+
+    from horovod_ray.errors import HorovodRayError
+
+    where = address or os.environ.get("RAY_ADDRESS") or "this machine"
+    if os.environ.get(AUTH_MODE_ENV) is None and _token_here():
+        _send_the_token()
+    try:
+        ray.init(address=address, **options)
+    except AuthenticationError as err:
+        raise HorovodRayError(f"{_NO_TOKEN.format(where=where)} Ray said: {err}") from None
+    except ConnectionError as err:
+        hint = "" if _token_here() else f" If it has {_NO_TOKEN.format(where=where)}"
+        raise HorovodRayError(f"no Ray cluster answered at {where}: {err}.{hint}") from err
+
+
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+_NO_TOKEN = (
+    "Ray's token authentication is on for the cluster at {where} and this process has no "
+    "token for it (or not its token): copy the file ~/.ray/auth_token of the machine that "
+    "started the cluster (`ray get-auth-token` prints it there) to this machine's "
+    "~/.ray/auth_token, or give its path in RAY_AUTH_TOKEN_PATH, or the token itself in "
+    "RAY_AUTH_TOKEN (docs/clusters.rst)."
+)
+
+
+def _send_the_token() -> None:
+    """Token mode for this process (and those it starts), as Ray sets it for a cluster it
+    finds on this machine: its C++ side reads the mode when its config is loaded, so the
+    environment alone, set after ``import ray``, is not enough."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray than 2.60's: the environment, for what it does
+        os.environ[AUTH_MODE_ENV] = "token"
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _token_here() -> bool:
+    """Whether this process has a Ray token to send (as Ray looks for one)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return os.path.isfile(path)
 
 
 def stop() -> None:

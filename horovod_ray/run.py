@@ -278,7 +278,7 @@ def _ensure_ray(num_cpus: int) -> None:
     if os.environ.get("RAY_ADDRESS"):
         # A Ray Job's driver, or a user's choice: join that cluster.
         logger.info("no Ray running in this process: joining RAY_ADDRESS")
-        ray.init()
+        local_ray.join()
     else:
         # A new local instance, never another one that happens to run on the machine.
         logger.info("no Ray running in this process: starting a local one")

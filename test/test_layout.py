@@ -111,7 +111,7 @@ DRAWN = {
     "observe": {"errors"},
     "failures": {"errors"},
     "stack": {"errors"},
-    "local_ray": {"worker_output"},
+    "local_ray": {"errors", "worker_output"},
     "discovery": {"errors", "job", "rank", "settings"},
 }
 

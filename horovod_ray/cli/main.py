@@ -171,7 +171,6 @@ def _ray_address(args: argparse.Namespace) -> str | None:
 
 def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
     """Joins the cluster asked for, or starts a local Ray."""
-    import ray
 
     from horovod_ray import local_ray
 
@@ -183,7 +182,7 @@ def _init_ray(args: argparse.Namespace, executor: RayExecutor) -> None:
         options["runtime_env"] = {"working_dir": args.working_dir}
     address = _ray_address(args)
     if address:
-        ray.init(address=address, **options)
+        local_ray.join(address, **options)
         return
     # Enough logical CPUs for the job, as horovodrun runs -np 4 on a 2-core machine.
     layout = executor.layout

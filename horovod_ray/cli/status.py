@@ -16,11 +16,17 @@ def status_command(args: argparse.Namespace) -> int:
     """Prints the jobs; 1 when no cluster answers."""
     import ray
 
+    from horovod_ray import local_ray
+    from horovod_ray.errors import HorovodRayError
+
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-    except (ConnectionError, RuntimeError) as err:
+        local_ray.join(address, log_to_driver=False, logging_level="ERROR")
+    except RuntimeError as err:  # "auto" and no cluster on this machine
         print(f"horovod-ray status: no Ray cluster at {address!r}: {err}", file=sys.stderr)
+        return 1
+    except HorovodRayError as err:
+        print(f"horovod-ray status: {err}", file=sys.stderr)
         return 1
     try:
         found = jobs(all=args.all)

@@ -197,3 +197,13 @@ class Heard(horovod_ray.Callback):
 
     def on_membership(self, change: dict) -> None:
         self.changes.append(change)
+
+
+def progress(folder) -> tuple[int, int]:
+    """Rank 0's last committed step and the world size it ran on, from ``folder``'s
+    ``progress`` file (0, 0 before any)."""
+    try:
+        step, size = open(os.path.join(folder, "progress")).read().split()
+        return int(step), int(size)
+    except (FileNotFoundError, ValueError):
+        return 0, 0

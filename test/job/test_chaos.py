@@ -6,14 +6,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from horovod_ray import RayExecutor
 from horovod_ray.elastic import TestDiscovery
 from test.conftest import same_on_every_rank, start_cluster, stop_ray
-from test.elastic_training import Heard, train
+from test.elastic_training import Heard, progress, train
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,15 +24,6 @@ def cluster():
     cluster = start_cluster([0, 2, 2, 2])
     yield cluster
     stop_ray()
-
-
-def _progress(folder: Path) -> tuple[int, int]:
-    """Rank 0's last committed step and the world size it ran on (0, 0 before any)."""
-    try:
-        step, size = (folder / "progress").read_text().split()
-        return int(step), int(size)
-    except (FileNotFoundError, ValueError):
-        return 0, 0
 
 
 def _until(condition, timeout_s: float, what: str, run: threading.Thread) -> None:
@@ -84,15 +74,15 @@ def test_an_elastic_job_trains_on_through_test_discoverys_changes(cluster, tmp_p
     largest = [0]
 
     def shrank() -> bool:
-        size = _progress(tmp_path)[1]
+        size = progress(tmp_path)[1]
         largest[0] = max(largest[0], size)
         return size < largest[0]
 
     try:
-        _until(lambda: _progress(tmp_path)[0] >= 2, 120, "training", run)
+        _until(lambda: progress(tmp_path)[0] >= 2, 120, "training", run)
         _until(shrank, 60, "the world to shrink while training", run)
-        shrunk_at = _progress(tmp_path)[0]
-        _until(lambda: _progress(tmp_path)[0] >= shrunk_at + 3, 60, "steps after it", run)
+        shrunk_at = progress(tmp_path)[0]
+        _until(lambda: progress(tmp_path)[0] >= shrunk_at + 3, 60, "steps after it", run)
         (tmp_path / "finish").touch()
         run.join(120)
     finally:

@@ -24,6 +24,7 @@ from test.conftest import same_on_every_rank, start_cluster, stop_ray
 from test.elastic_training import (
     Heard,
     grow_after_a_slow_start,
+    progress,
     train,
     train_announced,
     train_keras,
@@ -52,19 +53,11 @@ def one_worker_node(cluster):
         cluster.add_node(num_cpus=2)
 
 
-def _progress(folder: Path) -> tuple[int, int]:
-    try:
-        step, size = (folder / "progress").read_text().split()
-        return int(step), int(size)
-    except (FileNotFoundError, ValueError):
-        return 0, 0
-
-
 def _at(folder: Path, step: int, size: int):
     """True once rank 0 has done ``step`` steps and the last one ran on ``size`` ranks."""
 
     def reached() -> bool:
-        done, now = _progress(folder)
+        done, now = progress(folder)
         return done >= step and now == size
 
     return reached
@@ -130,11 +123,11 @@ def test_node_lost_then_added_training_goes_on(cluster, tmp_path, caplog):
         cluster.remove_node(lost)
         _wait_for(lambda: min(run.sizes()) <= 4, 120, "the world to shrink", run)
         _wait_for(_at(tmp_path, 1, 4), 120, "training on 4", run)
-        shrunk_at = _progress(tmp_path)[0]
+        shrunk_at = progress(tmp_path)[0]
         _wait_for(_at(tmp_path, shrunk_at + 3, 4), 120, "steps at 4 ranks", run)
         cluster.add_node(num_cpus=2)
         _wait_for(lambda: run.sizes()[-1] == 6 and len(run.sizes()) >= 3, 180, "growth", run)
-        grown_at = _progress(tmp_path)[0]
+        grown_at = progress(tmp_path)[0]
         _wait_for(_at(tmp_path, grown_at + 3, 6), 120, "steps at 6 again", run)
         (tmp_path / "finish").touch()
         run.thread.join(120)
@@ -200,7 +193,7 @@ def test_a_draining_node_is_left_at_a_commit_without_a_rollback(cluster, tmp_pat
         drained_at = time.time()
         drain_node(cluster.address, leaving, deadline_s=300)
         _wait_for(lambda: run.sizes()[-1] == 2, 120, "the world to shrink", run)
-        shrunk_at = _progress(tmp_path)[0]
+        shrunk_at = progress(tmp_path)[0]
         _wait_for(_at(tmp_path, shrunk_at + 3, 2), 120, "steps at 2 ranks", run)
         _wait_for((tmp_path / "notice").exists, 60, "the ranks to be told", run)
         (tmp_path / "finish").touch()
@@ -369,8 +362,8 @@ def test_keras_training_goes_on_when_a_node_is_lost(cluster, tmp_path):
         lost = next(n for n in cluster.worker_nodes if n.node_id in used)
         cluster.remove_node(lost)
         _wait_for(lambda: len(run.changes()) >= 2, 120, "the job to lose the node", run)
-        after_loss = _progress(tmp_path)[0]
-        _wait_for(lambda: _progress(tmp_path)[0] >= after_loss + 3, 120, "steps after", run)
+        after_loss = progress(tmp_path)[0]
+        _wait_for(lambda: progress(tmp_path)[0] >= after_loss + 3, 120, "steps after", run)
         (tmp_path / "finish").touch()
         run.thread.join(120)
         assert "error" not in run.outcome, run.outcome.get("error")
@@ -649,7 +642,7 @@ def test_cli_elastic_job_on_discovered_nodes_goes_on_when_one_is_lost(cluster, t
         lost = next(node for node in cluster.worker_nodes if node.node_id == named[1])
         cluster.remove_node(lost)
         _wait_for(lambda: _at(tmp_path, 1, 2)() or not running(), 120, "training on 2")
-        shrunk_at = _progress(tmp_path)[0]
+        shrunk_at = progress(tmp_path)[0]
         _wait_for(lambda: _at(tmp_path, shrunk_at + 3, 2)() or not running(), 120, "steps")
         (tmp_path / "finish").touch()
         assert process.wait(timeout=120) == 0, (tmp_path / "err").read_text()[-3000:]

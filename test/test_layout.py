@@ -112,7 +112,7 @@ DRAWN = {
     "failures": {"errors"},
     "stack": {"errors"},
     "local_ray": {"errors", "worker_output"},
-    "discovery": {"errors", "job", "rank", "settings"},
+    "discovery": {"errors", "job", "settings"},
 }
 
 

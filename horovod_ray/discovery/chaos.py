@@ -25,7 +25,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from horovod_ray.discovery.ray_nodes import RayHostDiscovery
 from horovod_ray.errors import ConfigError
 from horovod_ray.job.placement import nodes_named
-from horovod_ray.rank.worker import Worker
 from horovod_ray.settings import is_int, require_positive, require_seconds
 
 logger = logging.getLogger(__name__)
@@ -119,8 +118,9 @@ class TestDiscovery(HostDiscovery):
     * graceful (the default): nothing else is done. The driver tells the ranks at their
       next ``state.commit()`` or ``state.check_host_updates()``; the hidden host's ranks
       leave and the others go on from there, as when Ray drains a node.
-    * forceful (``_graceful=False``): before the call returns, the ranks that this driver
-      started on the host's node are killed (SIGKILL, as in a crash). The others then
+    * forceful (``_graceful=False``): before the call returns, the job's own ranks on the
+      host's node (the elastic job that uses it names them: :meth:`bind_ranks`) are
+      killed (SIGKILL, as in a crash); without a job, nothing is. The others then
       fail in a collective and go back to their last commit, and horovod's driver keeps
       the host out as a failed one (for good, or for the job's ``cooldown_range``), even
       once it is shown again. A kill that fails is logged; the host stays hidden.
@@ -191,6 +191,16 @@ class TestDiscovery(HostDiscovery):
         self._hidden: set[str] = set()
         self._changes: list[HostChange] = []
         self._timer_from_s: float | None = None
+        # The ids of the job's own rank actors (hex), from the job that runs with this
+        # discovery (bind_ranks): a forceful change kills only those.
+        self._ranks: Callable[[], set[str]] | None = None
+
+    def bind_ranks(self, ranks: Callable[[], set[str]]) -> None:
+        """Called by the elastic job that uses this discovery, as it starts: ``ranks()``
+        gives the ids of its rank actors alive now, the only ones a forceful change
+        kills (another job's, a concurrent Tune trial's, are never touched)."""
+        with self._lock:
+            self._ranks = ranks
 
     @property
     def hidden(self) -> frozenset[str]:
@@ -234,7 +244,7 @@ class TestDiscovery(HostDiscovery):
         if hide:
             self._hidden.add(host)
             if not self._graceful:
-                killed = _kill_ranks_on(host)
+                killed = _kill_ranks_on(host, self._ranks)
         else:
             self._hidden.discard(host)
         record = HostChange(now, host, hide, len(hosts) - len(self._hidden), killed)
@@ -281,15 +291,20 @@ def _underlying(
     return discovery
 
 
-def _kill_ranks_on(host: str) -> int:
-    """Kills (SIGKILL) the ranks this driver started on ``host``'s Ray node; how many.
+def _kill_ranks_on(host: str, ranks: Callable[[], set[str]] | None) -> int:
+    """Kills (SIGKILL) the job's ranks (``ranks()``: their actor ids) on ``host``'s Ray
+    node; how many. None: no job bound this discovery, nothing is killed.
 
     Never raises: it runs in horovod's discovery thread, which a raise would end without
     a word, and with it every later change of hosts. A failure is logged instead.
     """
+    if ranks is None:
+        logger.warning("TestDiscovery: no job runs with it; host %s hidden, nothing killed", host)
+        return 0
     try:
         context = ray.get_runtime_context()
         nodes = nodes_named(host, ray.nodes(), context.get_node_id())
+        own = ranks()
         if len(nodes) != 1:
             logger.warning("TestDiscovery: host %s is no single Ray node: nothing killed", host)
             return 0
@@ -301,8 +316,7 @@ def _kill_ranks_on(host: str) -> int:
             actor["Pid"]
             for actor in state.actors().values()
             if actor.get("State") == "ALIVE"
-            and actor.get("ActorClassName") == Worker.__name__
-            and actor.get("JobID") == context.get_job_id()
+            and actor.get("ActorID") in own
             and (actor.get("Address") or {}).get("NodeID") == nodes[0]
             and actor.get("Pid")
         )

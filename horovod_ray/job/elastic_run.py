@@ -154,6 +154,9 @@ class ElasticRun:
             per_rank, only_ip, layout.discovery_interval_s, layout.discovery, self._on_leaving
         )
         self._discovery = discovery
+        bind = getattr(layout.discovery, "bind_ranks", None)
+        if callable(bind):
+            bind(self._rank_actor_ids)  # a TestDiscovery's forceful changes kill only ours
         with self._lock:
             if not self._state.transition([RunState.CREATED], RunState.RUNNING):
                 raise HorovodRayError("the elastic run was ended by stop()")
@@ -256,6 +259,11 @@ class ElasticRun:
         with self._lock:
             self._state.transition([RunState.CREATED, RunState.RUNNING], RunState.STOPPING)
         self._release()
+
+    def _rank_actor_ids(self) -> set[str]:
+        """The ids (hex) of the rank actors this run holds now."""
+        with self._lock:
+            return {actor._actor_id.hex() for actor in self._actors.values()}
 
     def _release(self) -> None:
         with self._lock:

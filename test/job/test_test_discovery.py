@@ -183,12 +183,14 @@ def test_fewer_hosts_than_min_hosts_are_all_offered():
 def test_forceful_kills_the_ranks_of_each_host_it_hides_and_graceful_none(monkeypatch):
     killed: list[str] = []
 
-    def kill(host: str) -> int:
+    def kill(host: str, ranks) -> int:
+        assert ranks() == {"actor-1"}  # the job's own ranks, bound as it started
         killed.append(host)
         return 2
 
     monkeypatch.setattr(chaos, "_kill_ranks_on", kill)
     forceful, clock, _ = _chaos({"a": 1, "b": 1, "c": 1}, _graceful=False)
+    forceful.bind_ranks(lambda: {"actor-1"})
     _offered_at(forceful, clock, [0, 10, 20, 30])
     hid = [c for c in forceful.changes if c.hidden]
     assert killed == [c.host for c in hid] and len(killed) == 2
@@ -204,6 +206,7 @@ def test_a_failed_kill_is_logged_and_the_host_stays_hidden(monkeypatch, caplog):
 
     monkeypatch.setattr(chaos.ray, "get_runtime_context", no_ray)
     discovery, clock, _ = _chaos({"a": 1, "b": 1, "c": 1}, _graceful=False)
+    discovery.bind_ranks(set)
     with caplog.at_level(logging.WARNING, logger=chaos.__name__):
         offered = _offered_at(discovery, clock, [0, 10])
     (change,) = discovery.changes
@@ -306,3 +309,14 @@ def test_a_seedless_schedule_draws_from_its_own_generator(monkeypatch):
     discovery, clock, _ = _chaos({h: 1 for h in "abcde"}, max_hosts=5, seed=None)
     _offered_at(discovery, clock, [0, 10, 20, 30])
     assert len(discovery.changes) == 3
+
+
+def test_forceful_outside_a_job_kills_nothing(caplog):
+    """Bound by no job, it cannot tell its ranks from another job's (a concurrent Tune
+    trial's): it hides the host and kills nothing."""
+    discovery, clock, _ = _chaos({"a": 1, "b": 1, "c": 1}, _graceful=False)
+    with caplog.at_level(logging.WARNING, logger=chaos.__name__):
+        _offered_at(discovery, clock, [0, 10])
+    (change,) = discovery.changes
+    assert change.hidden and change.num_killed == 0
+    assert "no job runs with it" in caplog.text

@@ -136,15 +136,23 @@ def test_a_local_run_refuses_more_than_one_rank(kwargs, parameter):
     assert raised.value.parameter == parameter
 
 
-def _reports_around_a_local_run(inner_storage: str) -> list:
+def _reports_around_a_local_run(inner_storage: str, init: bool = False) -> list:
     """A rank reports, runs a function with run(local=True) and its own storage, and
-    reports again."""
+    reports again; with ``init``, after hvd.init() (each rank's local run then has a
+    storage of its own)."""
+    import os
     import tempfile
     from pathlib import Path
 
     from ray.train import Checkpoint
 
     import horovod_ray
+
+    if init:
+        import horovod.torch as hvd
+
+        hvd.init()
+        inner_storage = os.path.join(inner_storage, f"rank{hvd.rank()}")
 
     def report(text: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
@@ -176,3 +184,23 @@ def test_a_local_run_inside_a_rank_keeps_its_checkpoints_apart(ray_4cpu, tmp_pat
 
     assert texts(outer / "outer") == ["outer 1", "outer 2"]
     assert texts(inner / "inner") == ["inner"]
+
+
+def test_every_ranks_local_run_keeps_its_checkpoints(ray_4cpu, tmp_path):
+    """After the enclosing job's hvd.init(), rank 1's local run took its reports for rank
+    1's, and dropped them."""
+    from pathlib import Path
+
+    outer, inner = tmp_path / "outer", tmp_path / "inner"
+    horovod_ray.run(
+        _reports_around_a_local_run,
+        args=[str(inner), True],
+        num_slots=2,
+        storage_path=str(outer),
+        name="outer",
+    )
+    for rank in (0, 1):
+        ((checkpoint, _),) = horovod_ray.Result.from_path(
+            str(inner / f"rank{rank}" / "inner")
+        ).best_checkpoints
+        assert Path(checkpoint.path, "text").read_text() == "inner"

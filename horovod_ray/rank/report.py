@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import time
 from typing import Any, Iterator, Mapping
@@ -35,15 +34,15 @@ from horovod_ray.checkpoints.metrics import checked_metrics, plain
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
-from horovod_ray.rank import logs, preemption
+from horovod_ray.rank import dropped, logs, preemption
 from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank import report_options as options
 
 logger = logging.getLogger(__name__)
 
 _uploader: Uploader | None = None
-# Folders this rank (not rank 0) reported with delete_local, not removed yet (see _drop).
-_to_drop: list[str] = []
+# Depth of report.apart() blocks: a local run's reports inside a rank are rank 0's.
+_apart = 0
 _tune_session: Any = None  # a trial rank's session (horovod_ray.tune.session)
 _warned = False
 _actor = False
@@ -138,8 +137,8 @@ def report(
     request = validations.task_request(
         validation, checkpoint is not None, os.environ.get(validations.VALIDATION_ENV) == "1"
     )
-    if logs._rank_now() != 0:
-        _drop(checkpoint if delete_local else None)
+    if not _apart and logs._rank_now() != 0:
+        dropped.drop(checkpoint if delete_local else None)
         return
     uploader = _rank_uploader()
     if uploader is not None:
@@ -308,55 +307,20 @@ def close_uploader() -> None:
         _uploader = None
 
 
-def _drop(checkpoint: Any) -> None:
-    """A rank other than 0 drops its checkpoint: its folder goes, as Ray's workers' do,
-    but not at once, and never one in the run's storage.
-
-    The same line runs on every rank, and the folder may be the one rank 0 reports (one
-    that rank 0 wrote, or the one ``get_checkpoint()`` gave every rank): rank 0 copies it
-    to its staging folder before its own ``report`` returns. So a folder goes at this
-    rank's next report, which comes after the training step between them (whose
-    collectives wait for rank 0, past its report), or when the call or the job ends
-    (:func:`drop_reported`), after every rank's call returned; never the folder this
-    report hands over.
-
-    Raises:
-        ConfigError: The folder is in the run's storage (naming
-            delete_local_checkpoint_after_upload, as on rank 0).
-    """
-    folder = None
-    if checkpoint is not None and options.on_this_node(checkpoint):
-        storage = RunStorage.from_env()
-        if storage is not None:
-            options.outside_the_run(checkpoint, storage)
-        folder = os.path.realpath(checkpoint.path)
-    drop_reported(keep=folder)
-    if folder is not None and folder not in _to_drop:
-        if not _to_drop and not _actor:
-            atexit.register(drop_reported)  # a command line's process: nothing else ends it
-        _to_drop.append(folder)
-
-
-def drop_reported(keep: str | None = None) -> None:
-    """Removes the folders this rank reported to be dropped (see :func:`_drop`), all but
-    ``keep``; run as a rank's call starts and as its process ends."""
-    for folder in _to_drop:
-        if folder != keep:
-            shutil.rmtree(folder, ignore_errors=True)
-    _to_drop[:] = [keep] if keep in _to_drop else []
-
-
 @contextlib.contextmanager
 def apart() -> Iterator[None]:
     """Reports in the block belong to a run of their own (``run(local=True)`` inside a
     rank): the enclosing job's upload thread and Tune session are set aside, and given
-    back after the block, whose own upload thread is closed."""
-    global _uploader, _tune_session
+    back after the block, whose own upload thread is closed; they are rank 0's, as the
+    local run's one rank, whatever rank the enclosing job's horovod gives."""
+    global _uploader, _tune_session, _apart
     outer = _uploader, _tune_session
     _uploader, _tune_session = None, None
+    _apart += 1  # its reports are rank 0's, whatever the enclosing job's horovod says
     try:
         yield
     finally:
+        _apart -= 1
         try:
             close_uploader()
         finally:

@@ -9,16 +9,23 @@ one left by a killed rank is removed by the next rank started on its node.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import threading
 
 from horovod_ray.checkpoints.leftovers import owned, sweep_stale
 from horovod_ray.rank import frameworks
+
+logger = logging.getLogger(__name__)
 
 # Set by the driver when settings.timeline asks for the file.
 TIMELINE_ENV = "HOROVOD_RAY_TIMELINE"
 # A file's name: this prefix, the process id, "-" and the job's id.
 PREFIX = "horovod_ray-timeline-"
+
+# Longest the hand-over waits for horovod's shutdown (the driver waits 10 s for it).
+SHUTDOWN_WAIT_S = 5.0
 
 _path: str | None = None
 _ours = False
@@ -42,11 +49,15 @@ def take() -> bytes | None:
     """The timeline's bytes (None: no file); this package's file is removed.
 
     horovod is shut down first (the job is stopping): its writer holds the last events
-    in a buffer until then, often the last collective's ends.
+    in a buffer until then, often the last collective's ends. Not for longer than
+    ``SHUTDOWN_WAIT_S``: after another rank failed, horovod's thread may wait in a
+    collective until Gloo's timeout, and the file as it is then is worth more than none.
     """
     if _path is None:
         return None
-    frameworks.shut_down()
+    ending = threading.Thread(target=_shut_down, name="horovod_ray-timeline", daemon=True)
+    ending.start()
+    ending.join(SHUTDOWN_WAIT_S)
     try:
         with open(_path, "rb") as handle:
             data = handle.read()
@@ -55,3 +66,10 @@ def take() -> bytes | None:
     if _ours:
         os.remove(_path)
     return data
+
+
+def _shut_down() -> None:
+    try:
+        frameworks.shut_down()
+    except Exception:  # noqa: BLE001 - the file is read all the same
+        logger.debug("horovod's shutdown before the timeline's hand-over failed", exc_info=True)

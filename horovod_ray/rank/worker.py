@@ -22,7 +22,7 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import RankError
-from horovod_ray.rank import logs, preemption, priority, report, timeline
+from horovod_ray.rank import dropped, logs, preemption, priority, report, timeline
 from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
@@ -132,7 +132,7 @@ class Worker:
     def _run(self, call_id: int, function: Any, arguments: bytes | None, as_raised: bool) -> Any:
         logs.begin(call_id)
         rank_metrics.call_running(True)
-        report.drop_reported()  # every rank's last call has returned: rank 0 is done with them
+        dropped.drop_reported()  # every rank's last call returned: rank 0 is done with them
         try:
             result = invoke(function, arguments, self._executable)
             report.flush()  # the call's checkpoints are persisted before it returns
@@ -154,7 +154,7 @@ class Worker:
         those take about 0.7 CPU-seconds per process, spent after stop() has returned
         (see docs/benchmarks.rst, "Fixes found by measuring").
         """
-        report.drop_reported()
+        dropped.drop_reported()
         gc.disable()
         gc.freeze()
         ray.actor.exit_actor()
@@ -194,8 +194,10 @@ class Worker:
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def take_timeline(self) -> bytes | None:
-        """horovod's timeline as rank 0 wrote it so far (``settings.timeline``), for the
-        driver; a file of this package's own is removed once read. None: no file."""
+        """horovod's timeline as rank 0 wrote it (``settings.timeline``), for the driver as
+        the job stops: horovod is shut down first, so that it is whole (see
+        ``timeline.take``); a file of this package's own is removed once read. None: no
+        file."""
         return timeline.take()
 
     @ray.method(concurrency_group=CONTROL_GROUP)

@@ -43,13 +43,19 @@ def hold_alive_lock(root: str | None = None) -> None:
         if _held is not None and _held[0] == os.getpid():
             return
         root = tempfile.gettempdir() if root is None else root
-        descriptor, path = tempfile.mkstemp(prefix=f"{ALIVE_PREFIX}{os.getpid()}-", dir=root)
+        pid = os.getpid()
+        # Locked under a name no sweep reads, then renamed: a sweep never finds it unlocked.
+        descriptor, locking = tempfile.mkstemp(prefix=f"{ALIVE_PREFIX}new-{pid}-", dir=root)
         fcntl.flock(descriptor, fcntl.LOCK_EX)
-        _held = os.getpid(), descriptor
-        atexit.register(_remove, path)
+        path = locking.replace(f"{ALIVE_PREFIX}new-", ALIVE_PREFIX, 1)
+        os.rename(locking, path)
+        _held = pid, descriptor
+        atexit.register(_remove, path, pid)
 
 
-def _remove(path: str) -> None:
+def _remove(path: str, pid: int) -> None:
+    if os.getpid() != pid:
+        return  # a forked child's exit: the lock is its parent's
     with contextlib.suppress(OSError):
         os.remove(path)
 
@@ -99,6 +105,8 @@ def _held_by_someone(path: str) -> bool:
                 return True  # this process's own (a second flock here would succeed)
     try:
         descriptor = os.open(path, os.O_RDWR)
+    except PermissionError:
+        return True  # another user's process: left alone, as by number
     except OSError:
         return False  # removed meanwhile: its process ended
     try:

@@ -57,12 +57,18 @@ def test_a_folder_whose_process_lives_in_another_pid_space_stays(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_this_processs_own_and_an_older_versions_folders(tmp_path):
-    leftovers.hold_alive_lock()
-    mine = tmp_path / f"{leftovers.owned(PREFIX)}mine"
-    old_gone = tmp_path / f"{PREFIX}{_gone_pid()}-old"  # no lock file: looked for by number
-    other = tmp_path / "other-1-x"
-    for folder in (mine, old_gone, other):
-        folder.mkdir()
-    assert leftovers.sweep_stale((PREFIX,), str(tmp_path)) == [old_gone.name]
-    assert sorted(os.listdir(tmp_path)) == sorted([mine.name, other.name])
+def test_this_processs_own_and_an_older_versions_folders(tmp_path, monkeypatch):
+    monkeypatch.setattr(leftovers, "_held", None)  # this process's lock, taken in tmp_path
+    leftovers.hold_alive_lock(str(tmp_path))
+    try:
+        mine = tmp_path / f"{PREFIX}{os.getpid()}-mine"
+        old_gone = tmp_path / f"{PREFIX}{_gone_pid()}-old"  # no lock: looked for by number
+        other = tmp_path / "other-1-x"
+        for folder in (mine, old_gone, other):
+            folder.mkdir()
+        assert leftovers.sweep_stale((PREFIX,), str(tmp_path)) == [old_gone.name]
+        (lock,) = [name for name in os.listdir(tmp_path) if name.startswith("horovod_ray-alive-")]
+        assert lock.startswith(f"horovod_ray-alive-{os.getpid()}-")
+        assert sorted(os.listdir(tmp_path)) == sorted([lock, mine.name, other.name])
+    finally:
+        os.close(leftovers._held[1])

@@ -69,7 +69,7 @@ def join(address: str | None = None, **options: Any) -> None:
     except AuthenticationError as err:
         raise HorovodRayError(f"{_NO_TOKEN.format(where=where)} Ray said: {err}") from None
     except ConnectionError as err:
-        hint = "" if _token_here() else f" If it has {_NO_TOKEN.format(where=where)}"
+        hint = "" if _token_here() else f" Or: {_NO_TOKEN.format(where=where)}"
         raise HorovodRayError(f"no Ray cluster answered at {where}: {err}.{hint}") from err
 
 
@@ -85,16 +85,17 @@ _NO_TOKEN = (
 
 def _send_the_token() -> None:
     """Token mode for this process (and those it starts), as Ray sets it for a cluster it
-    finds on this machine: its C++ side reads the mode when its config is loaded, so the
+    finds on this machine, without Ray's warning that it turned authentication on (the
+    cluster decides that): its C++ side reads the mode when its config is loaded, so the
     environment alone, set after ``import ray``, is not enough."""
     try:
         from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
+            _enable_token_auth,
         )
     except ImportError:  # another Ray than 2.60's: the environment, for what it does
         os.environ[AUTH_MODE_ENV] = "token"
         return
-    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    _enable_token_auth()
 
 
 def _token_here() -> bool:

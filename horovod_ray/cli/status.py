@@ -22,7 +22,7 @@ def status_command(args: argparse.Namespace) -> int:
     address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
     try:
         local_ray.join(address, log_to_driver=False, logging_level="ERROR")
-    except RuntimeError as err:  # "auto" and no cluster on this machine
+    except RuntimeError as err:  # Ray's own refusal of the address
         print(f"horovod-ray status: no Ray cluster at {address!r}: {err}", file=sys.stderr)
         return 1
     except HorovodRayError as err:

@@ -154,9 +154,9 @@ class ElasticRun:
             per_rank, only_ip, layout.discovery_interval_s, layout.discovery, self._on_leaving
         )
         self._discovery = discovery
-        bind = getattr(layout.discovery, "bind_ranks", None)
-        if callable(bind):
-            bind(self._rank_actor_ids)  # a TestDiscovery's forceful changes kill only ours
+        bind_ranks = getattr(layout.discovery, "bind_ranks", None)
+        if callable(bind_ranks):
+            bind_ranks(self._rank_actor_ids)  # a TestDiscovery's forceful changes kill only ours
         with self._lock:
             if not self._state.transition([RunState.CREATED], RunState.RUNNING):
                 raise HorovodRayError("the elastic run was ended by stop()")

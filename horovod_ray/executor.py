@@ -14,8 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup
 
-from horovod_ray.checkpoints.job import JobCheckpoints
-from horovod_ray.errors import ConfigError, ExecutorStateError, start_error
+from horovod_ray.errors import ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
@@ -25,10 +24,9 @@ from horovod_ray.job.lifecycle import (
     Lifecycle,
     state_hint,
 )
-from horovod_ray.observe.job import JobTelemetry
+from horovod_ray.job.sides import JobSides
 from horovod_ray.rank import calls
 from horovod_ray.rank.assignment import RankInfo
-from horovod_ray.rank.timeline import TIMELINE_ENV
 from horovod_ray.settings import Settings, create_settings, require_settings
 
 logger = logging.getLogger(__name__)
@@ -118,29 +116,20 @@ class RayExecutor:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
-        if self.elastic is not None and settings.timeline is not None:
-            raise ConfigError(
-                "timeline",
-                "timeline is for static jobs: an elastic job's rank 0 changes with its "
-                "world; leave timeline out (or set HOROVOD_TIMELINE in extra_env_vars for "
-                "a file on each rank 0's node)",
-            )
-        # The job's metrics and GCS record; run() puts one shared by its restarts here.
-        self._telemetry = JobTelemetry.of(settings, self.elastic is not None)
+        # Its metrics and GCS record, its side of the run's folder, the timeline's request.
+        self._sides = JobSides(settings, self.elastic)
         self._job = kinds.create(
             settings,
             self.layout,
             self.elastic,
-            on_world=lambda size, resets: self._telemetry.world(size, resets),
+            on_world=lambda size, resets: self._sides.telemetry.world(size, resets),
         )
-        self._lifecycle = Lifecycle(on_change=lambda state: self._telemetry.state(state.value))
+        self._lifecycle = Lifecycle(
+            on_change=lambda state: self._sides.telemetry.state(state.value)
+        )
         self._calls = CallGate(self._lifecycle)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
-        # The run's folder: read at start(), validated and pruned around the ranks' life.
-        self._checkpoints = None
-        if settings.storage is not None:
-            self._checkpoints = JobCheckpoints(settings.storage, settings.validation)
 
     # ----------------------------------------------------------------- introspection
 
@@ -152,7 +141,7 @@ class RayExecutor:
     @property
     def job_id(self) -> str:
         """The job's id: its metrics' ``job_id`` label and its ``horovod-ray status`` row."""
-        return self._telemetry.id
+        return self._sides.telemetry.id
 
     @property
     def num_workers(self) -> int:
@@ -231,29 +220,16 @@ class RayExecutor:
         env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
-        if self._checkpoints is not None:
-            env.update(self._checkpoints.rank_env())
-        for key, value in self._telemetry.rank_env().items():
-            env.setdefault(key, value)  # the user's HOROVOD_CACHE_CAPACITY wins
-        if self.settings.timeline is not None:
-            # Rank 0 writes it on its node; the job brings it to settings.timeline as it
-            # stops (rank/timeline).
-            env[TIMELINE_ENV] = "1"
+        self._sides.rank_env(env)
         kind = self._job
         kind.prepare()
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
-        if self.elastic is not None:
-            self._telemetry.ranks(self.elastic.max_workers or self.elastic.min_workers, 0)
+        self._sides.starting()
         try:
             kind.start(env, executable, self._cancel.check)
             self._cancel.check()
-            if self.elastic is None:
-                size = len(kind.ranks)
-                self._telemetry.ranks(size, size)
-                self._telemetry.started(kind.start_s)
-            if self._checkpoints is not None:
-                self._checkpoints.start()  # within the rollback: the ranks are up now
+            self._sides.started(kind)  # within the rollback: the ranks are up now
         except BaseException as err:
             cancelled = self._cancel.is_set()
             self._lifecycle.finish_start(lambda: self._release(grace_s=0), cancelled)
@@ -394,15 +370,14 @@ class RayExecutor:
 
     def _release(self, grace_s: float, finish: bool = False) -> None:
         """Stops the job's ranks, then ends its side of the run's folder
-        (``JobCheckpoints.end``: validations waited for if the job ``finish``-ed, the keep
+        (``JobSides.end``: validations waited for if the job ``finish``-ed, the keep
         policy), even when stopping the ranks raised."""
         stopped = False
         try:
             self._job.stop(grace_s=grace_s)
             stopped = True
         finally:
-            if self._checkpoints is not None:
-                self._checkpoints.end(finish and stopped)
+            self._sides.end(finish and stopped)
 
     def __enter__(self) -> RayExecutor:
         if self.state is ExecutorState.CREATED:

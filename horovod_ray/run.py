@@ -210,7 +210,7 @@ def run(
 
     def run_attempt(number: int) -> list[Any]:
         job = executor()
-        job._telemetry = telemetry
+        job._sides.telemetry = telemetry
         if number:
             telemetry.restarted()
         try:

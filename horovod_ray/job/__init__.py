@@ -6,6 +6,7 @@ Open ``kinds`` for the protocol both kinds share, ``static`` for a fixed set of 
 use, ``demand`` its request to Ray's autoscaler), ``draining`` for the nodes Ray is
 about to take away (both kinds leave them), ``layouts`` for what the ranks are,
 ``placement`` for the placement group and its bundles, ``bringup`` for how each rank is
-started (the same path for both kinds), and ``lifecycle`` for the states and the moves
+started (the same path for both kinds), ``sides`` for what a job keeps beside its ranks
+(metrics, the run's folder, the timeline), and ``lifecycle`` for the states and the moves
 between them.
 """

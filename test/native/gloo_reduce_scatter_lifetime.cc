@@ -30,9 +30,9 @@
 #include <vector>
 
 #include <gloo/reduce_scatter.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
-#include <gloo/transport/tcp/device.h>
+
+#include "ranks.h"
 
 namespace {
 
@@ -62,16 +62,6 @@ bool IsSlow(int fd, const struct iovec* iov, int iovcnt) {
     }
   }
   return false;
-}
-
-std::shared_ptr<gloo::rendezvous::Context> Connect(int rank, gloo::rendezvous::Store& store) {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, kSize);
-  context->setTimeout(std::chrono::seconds(30));
-  context->connectFullMesh(store, device);
-  return context;
 }
 
 // The slot offset the algorithm took, to find rank 2's send to rank 0 by its slot.
@@ -110,30 +100,12 @@ extern "C" ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
 int main() {
   gloo::rendezvous::HashStore store;
   std::shared_ptr<gloo::rendezvous::Context> contexts[kSize];
-  std::vector<std::thread> threads;
-  std::exception_ptr failed[kSize];
-  for (int rank = 0; rank < kSize; rank++) {
-    threads.emplace_back([&, rank] {
-      try {
-        contexts[rank] = Connect(rank, store);
-      } catch (...) {
-        failed[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) {
-    thread.join();
-  }
-  threads.clear();
-  for (int rank = 0; rank < kSize; rank++) {
-    if (failed[rank]) {
-      try {
-        std::rethrow_exception(failed[rank]);
-      } catch (const std::exception& e) {
-        std::printf("setup failed: %s\n", e.what());
-        return 2;
-      }
-    }
+  std::string failure = OnEveryRank(kSize, [&](int rank) {
+    contexts[rank] = Connect(rank, kSize, store, std::chrono::seconds(30));
+  });
+  if (!failure.empty()) {
+    std::printf("setup failed: %s\n", failure.c_str());
+    return 2;
   }
 
   const int count = kSize * kPerRank;
@@ -151,31 +123,16 @@ int main() {
   // Gloo's pair slot for ranks 0 and 2 (see ReduceScatterHalvingDoubling's constructor).
   slow_slot = algorithms[2]->SlotOffset() + 2 * (0 * kSize + 2);
 
-  for (int rank = 0; rank < kSize; rank++) {
-    threads.emplace_back([&, rank] {
-      try {
-        algorithms[rank]->run();
-        if (rank == 2) {
-          // What horovod does next with the buffer: frees it or fills it again.
-          std::fill(data[rank].begin(), data[rank].end(), -1.0f);
-        }
-      } catch (...) {
-        failed[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) {
-    thread.join();
-  }
-  for (int rank = 0; rank < kSize; rank++) {
-    if (failed[rank]) {
-      try {
-        std::rethrow_exception(failed[rank]);
-      } catch (const std::exception& e) {
-        std::printf("rank %d raised: %s\n", rank, e.what());
-        return 2;
-      }
+  failure = OnEveryRank(kSize, [&](int rank) {
+    algorithms[rank]->run();
+    if (rank == 2) {
+      // What horovod does next with the buffer: frees it or fills it again.
+      std::fill(data[rank].begin(), data[rank].end(), -1.0f);
     }
+  });
+  if (!failure.empty()) {
+    std::printf("%s\n", failure.c_str());
+    return 2;
   }
   if (slow_fds.empty()) {
     std::printf("rank 2's send to rank 0 was never seen: nothing was tested\n");

@@ -15,24 +15,14 @@
 #include <thread>
 
 #include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
-#include <gloo/transport/tcp/device.h>
+
+#include "ranks.h"
 
 namespace {
 
 constexpr int kSize = 2;
 constexpr uint64_t kSlot = 7;
-
-std::shared_ptr<gloo::rendezvous::Context> Connect(int rank, gloo::rendezvous::Store& store) {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, kSize);
-  context->setTimeout(std::chrono::seconds(20));
-  context->connectFullMesh(store, device);
-  return context;
-}
 
 }  // namespace
 
@@ -41,22 +31,11 @@ int main() {
   std::shared_ptr<gloo::rendezvous::Context> contexts[kSize];
   // Any failure to get as far as the out-of-step message exits 2, not as the abort
   // that the test looks for.
-  try {
-    std::exception_ptr failed;
-    std::thread other([&] {
-      try {
-        contexts[1] = Connect(1, store);
-      } catch (...) {
-        failed = std::current_exception();
-      }
-    });
-    contexts[0] = Connect(0, store);
-    other.join();
-    if (failed) {
-      std::rethrow_exception(failed);
-    }
-  } catch (const std::exception& e) {
-    std::printf("setup failed: %s\n", e.what());
+  const std::string failure = OnEveryRank(kSize, [&](int rank) {
+    contexts[rank] = Connect(rank, kSize, store, std::chrono::seconds(20));
+  });
+  if (!failure.empty()) {
+    std::printf("setup failed: %s\n", failure.c_str());
     return 2;
   }
 

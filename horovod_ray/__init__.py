@@ -30,6 +30,7 @@ from horovod_ray.failures.restarts import attempt
 from horovod_ray.job.lifecycle import ExecutorState
 from horovod_ray.observe.registry import JobStatus, jobs
 from horovod_ray.rank.context import TrainContext, get_context
+from horovod_ray.rank.datasets import get_dataset_shard
 from horovod_ray.rank.logs import Callback, log
 from horovod_ray.rank.preemption import get_preemption_info
 from horovod_ray.rank.report import get_all_reported_checkpoints, get_checkpoint, report
@@ -66,6 +67,7 @@ __all__ = [
     "get_all_reported_checkpoints",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "get_preemption_info",
     "jobs",
     "log",

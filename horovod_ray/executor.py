@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import ExecutorStateError, start_error
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
@@ -82,6 +83,12 @@ class RayExecutor:
             host), with a DeprecationWarning.
         cpus_per_slot: The same for ``cpus_per_worker``.
         gpus_per_slot: The same for ``gpus_per_worker``.
+        datasets: Ray Data for the ranks, as Ray Train's ``datasets=``: name ->
+            ``ray.data.Dataset``. Split over the ranks as the job starts (equal rows per
+            rank, each rank's part read on its node where Ray can); a rank takes its part
+            with ``horovod_ray.get_dataset_shard(name)``. Static jobs only.
+        data_config: A ``ray.train.DataConfig``: which datasets are split (the others
+            go whole to every rank), Ray Data's execution options.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -111,13 +118,23 @@ class RayExecutor:
         num_slots: int | None = None,
         cpus_per_slot: float | None = None,
         gpus_per_slot: float | None = None,
+        datasets: Mapping[str, Any] | None = None,
+        data_config: Any = None,
     ) -> None:
-        # Every argument but settings says what the job is: its layouts check them all.
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "settings")}
+        # Every argument but settings and the data says what the job is: its layouts
+        # check them all.
+        arguments = {
+            k: v
+            for k, v in locals().items()
+            if k not in ("self", "settings", "datasets", "data_config")
+        }
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
-        # Its metrics and GCS record, its side of the run's folder, the timeline's request.
-        self._sides = JobSides(settings, self.elastic)
+        # Its metrics and GCS record, its side of the run's folder, the timeline's request,
+        # its datasets' split.
+        self._sides = JobSides(
+            settings, self.elastic, self.layout, data_spec(datasets, data_config)
+        )
         self._job = kinds.create(
             settings,
             self.layout,

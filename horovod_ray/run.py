@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import ray
 
 from horovod_ray import local_ray
+from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.failures import restarts
 from horovod_ray.rank import calls
@@ -51,6 +52,8 @@ def run(
     timeline: str | None = None,
     local: bool = False,
     validation_config: Any = None,
+    datasets: Mapping[str, Any] | None = None,
+    data_config: Any = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -129,6 +132,12 @@ def run(
             reported with ``validation=True`` are validated by ``fn`` in Ray tasks, one at
             a time, and its metrics merged into theirs; ``run()`` returns once every one
             has ended (``checkpoints.validation``). Needs ``storage_path``.
+        datasets: Ray Data for the ranks, as Ray Train's ``datasets=``: name ->
+            ``ray.data.Dataset``, split over the ranks as the job starts (each rank the
+            same number of rows per epoch); ``horovod_ray.get_dataset_shard(name)`` on a
+            rank gives its part as a ``ray.data.DataIterator``. Static jobs only.
+        data_config: A ``ray.train.DataConfig``: which datasets are split (the others
+            go whole to every rank), Ray Data's execution options.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -178,7 +187,9 @@ def run(
         env = check_env(env, "env")
         from horovod_ray.rank.local import run_here
 
-        return run_here(train_fn, args, kwargs, settings, calls.check_callbacks(callbacks), env)
+        data = data_spec(datasets, data_config)
+        callbacks = calls.check_callbacks(callbacks)
+        return run_here(train_fn, args, kwargs, settings, callbacks, env, data)
 
     def executor() -> RayExecutor:
         return RayExecutor(
@@ -193,6 +204,8 @@ def run(
             cooldown_range=cooldown_range,
             elastic_timeout=elastic_timeout,
             discovery_interval_s=discovery_interval_s,
+            datasets=datasets,
+            data_config=data_config,
         )
 
     with named_as(_RUN_NAMES):
@@ -203,7 +216,8 @@ def run(
         env = check_env(env, "env")
     callbacks = calls.check_callbacks(callbacks)
     ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
-    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
+    # A local Ray keeps a CPU beside the ranks for Ray Data's tasks.
+    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot) + (datasets is not None))
 
     # One job to its metrics and ``horovod-ray status``, whatever its restarts.
     telemetry = JobTelemetry.of(settings, elastic, getattr(train_fn, "__name__", None))

@@ -44,6 +44,7 @@ PUBLIC = {
         "jobs",
         "TrainContext",
         "get_context",
+        "get_dataset_shard",
         "get_preemption_info",
         "get_all_reported_checkpoints",
     ],

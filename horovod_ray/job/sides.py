@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
+
 from horovod_ray.checkpoints.job import JobCheckpoints
+from horovod_ray.data.feed import DatasetFeed
+from horovod_ray.data.spec import DataSpec, check_rows
 from horovod_ray.errors import ConfigError
-from horovod_ray.job.layouts import ElasticLayout
+from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank.timeline import TIMELINE_ENV
 from horovod_ray.settings import Settings
@@ -27,7 +31,15 @@ class JobSides:
         ConfigError: A timeline asked of an elastic job (nothing is started yet).
     """
 
-    def __init__(self, settings: Settings, elastic: ElasticLayout | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        elastic: ElasticLayout | None,
+        layout: WorkerLayout | None = None,
+        data: DataSpec | None = None,
+    ) -> None:
+        if data is not None:
+            _check_data(data, elastic, layout)
         if elastic is not None and settings.timeline is not None:
             raise ConfigError(
                 "timeline",
@@ -41,6 +53,7 @@ class JobSides:
             self.checkpoints = JobCheckpoints(settings.storage, settings.validation)
         self._elastic = elastic
         self._timeline = settings.timeline is not None
+        self._feed = None if data is None else DatasetFeed(data, layout.worker_resources())
 
     def rank_env(self, env: dict[str, str]) -> None:
         """Adds to ``env`` what every rank is told: the storage and the checkpoint to
@@ -73,8 +86,48 @@ class JobSides:
             self.telemetry.started(kind.start_s)
         if self.checkpoints is not None:
             self.checkpoints.start()
+        if self._feed is not None:
+            self._give_datasets(kind)
+
+    def _give_datasets(self, kind: Any) -> None:
+        """Splits the datasets over the ranks that are up, each rank's part to its rank."""
+        ranks = kind.ranks
+        check_rows(self._feed.spec, len(ranks))
+        shards = self._feed.open([rank.node_id for rank in ranks])
+        ray.get([actor.take_datasets.remote(shards[i]) for i, actor in enumerate(kind.actors)])
 
     def end(self, finished: bool) -> None:
-        """The ranks have stopped: the run's folder's side ends (``JobCheckpoints.end``)."""
-        if self.checkpoints is not None:
-            self.checkpoints.end(finished)
+        """The ranks have stopped: the datasets' split is released and the run's folder's
+        side ends (``JobCheckpoints.end``)."""
+        try:
+            if self._feed is not None:
+                self._feed.close()
+        finally:
+            if self.checkpoints is not None:
+                self.checkpoints.end(finished)
+
+
+def _check_data(data: DataSpec, elastic: ElasticLayout | None, layout: WorkerLayout | None) -> None:
+    """Refuses datasets an elastic job would need resharded, and a split dataset known to
+    have fewer rows than the job's ranks (counted again once they are up)."""
+    if elastic is not None:
+        raise ConfigError(
+            "datasets",
+            "datasets= is for static jobs: an elastic job's world changes, and its "
+            "datasets would have to be split again as it does, which is not built yet; "
+            "give num_workers (or num_hosts) instead of min_workers/max_workers, or read "
+            "the data inside the function",
+        )
+    if layout is not None and (ranks := planned_ranks(layout)) is not None:
+        check_rows(data, ranks)
+
+
+def planned_ranks(layout: WorkerLayout) -> int | None:
+    """The ranks a static layout asks for; None where a placement group decides."""
+    if layout.hosts is not None:
+        return sum(count for _, count in layout.hosts)
+    if layout.num_workers is not None:
+        return layout.num_workers
+    if layout.num_hosts is not None:
+        return layout.num_hosts * (layout.num_workers_per_host or 1)
+    return None

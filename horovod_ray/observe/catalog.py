@@ -168,6 +168,15 @@ CATALOG: tuple[Metric, ...] = (
         "Seconds horovod spent executing them (after negotiation)",
     ),
     _counter(
+        "horovod_ray_data_wait_seconds_total",
+        (*RANK, "dataset"),
+        "seconds",
+        "every rank",
+        "Seconds this rank's loop waited for its next batch of a dataset given with "
+        "datasets= (get_dataset_shard): a rank that waits here starves for data, one that "
+        "the others wait for in horovod_ray_waited_for_seconds_total is slow itself",
+    ),
+    _counter(
         "horovod_ray_waited_for_seconds_total",
         (*JOB, "rank"),
         "seconds",

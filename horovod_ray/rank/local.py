@@ -6,6 +6,7 @@ The process gets a rank's environment for the call (restored after it): ``hvd.in
 makes a job of one, ``report``/``log`` reach the callbacks and, with a storage path, the
 checkpoints persist as rank 0's do; ``get_checkpoint()`` and ``get_context()`` answer as
 on a rank. horovod is shut down when the call ends, so the next call starts afresh.
+Datasets (``datasets=``) go whole to this one rank, read through the Ray that made them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Sequence
 
+import ray
+
 from horovod_ray.checkpoints.job import JobCheckpoints
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, STORAGE_ENV
 from horovod_ray.checkpoints.validation import VALIDATION_ENV
+from horovod_ray.data.feed import DatasetFeed
+from horovod_ray.data.spec import DataSpec, check_rows
 from horovod_ray.observe.job import JobTelemetry
-from horovod_ray.rank import frameworks, logs, report
+from horovod_ray.rank import datasets, frameworks, logs, report
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
 from horovod_ray.rank.timeline import TIMELINE_ENV
 
@@ -78,9 +83,11 @@ def run_here(
     settings: Any,
     callbacks: Sequence[Callable[[dict], None]],
     env: Mapping[str, str],
+    data: DataSpec | None = None,
 ) -> list[Any]:
     """``fn(*args, **kwargs)`` here as rank 0 of 1; its result in a list, as ``run()``'s.
-    ``settings`` are run()'s ``Settings`` (the storage, the timeline, the job's name).
+    ``settings`` are run()'s ``Settings`` (the storage, the timeline, the job's name);
+    ``data`` the datasets, whole to this one rank.
 
     Raises:
         CheckpointError: The storage could not be read, or an upload failed.
@@ -104,12 +111,17 @@ def run_here(
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
     logs._channel = _Direct(callbacks)
+    saved_shards = datasets._shards
+    feed = None if data is None else DatasetFeed(data, {})
     finished = False
     try:
         with report.apart():  # an enclosing rank's upload thread is not this run's
             try:
                 if checkpoints is not None:
                     checkpoints.start()
+                if feed is not None:
+                    check_rows(data, 1)
+                    datasets.give(feed.open([ray.get_runtime_context().get_node_id()])[0])
                 result = fn(*args, **kwargs)
                 report.flush()  # its checkpoints are persisted before run() returns
                 finished = True
@@ -122,6 +134,9 @@ def run_here(
                             os.environ.pop(key, None)
                         else:
                             os.environ[key] = value
+                    datasets.give(saved_shards)
+                    if feed is not None:
+                        feed.close()
                 finally:
                     frameworks.shut_down(keep=running_before)  # its timeline is then whole
                     if settings.timeline is not None and not os.path.exists(settings.timeline):

@@ -74,6 +74,12 @@ def upload_done(seconds: float, size: int) -> None:
         _telemetry.recorder.inc("horovod_ray_checkpoint_upload_bytes_total", size)
 
 
+def data_waited(dataset: str, seconds: float) -> None:
+    """This rank waited ``seconds`` for its next batch of ``dataset`` (``rank/datasets``)."""
+    if _telemetry is not None:
+        _telemetry.recorder.inc("horovod_ray_data_wait_seconds_total", seconds, dataset=dataset)
+
+
 def upload_queue(waiting: int) -> None:
     """``waiting`` checkpoints are reported and not yet committed."""
     if _telemetry is not None:

@@ -97,6 +97,12 @@ class Worker:
             cls, args, kwargs = cloudpickle.loads(executable)
             self._executable = cls(*args, **kwargs)
 
+    def take_datasets(self, shards: dict[str, Any]) -> None:
+        """This rank's iterators over the job's datasets, for ``get_dataset_shard``."""
+        from horovod_ray.rank import datasets
+
+        datasets.give(shards)
+
     def call(
         self,
         call_id: int | tuple[int, int, bool],

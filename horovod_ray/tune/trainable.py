@@ -25,11 +25,12 @@ import logging
 import os
 import threading
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import ray
 from ray import tune
 
+from horovod_ray.data.spec import DataSpec, check_rows, data_spec
 from horovod_ray.errors import ConfigError, HorovodRayError
 from horovod_ray.executor import ExecutorState, RayExecutor
 from horovod_ray.job.layouts import WorkerLayout
@@ -58,6 +59,7 @@ class _TrialSpec:
     num_slots: int
     num_cpus_per_slot: float
     use_gpu: bool
+    data: DataSpec | None = None
 
 
 class _Job:
@@ -137,7 +139,8 @@ class _TrialJobs:
         """Ends a trial's use of ``job``: kept warm if ``keep`` and still running."""
         with self._lock:
             self._active.discard(job)
-            keep = keep and job.executor.state is ExecutorState.RUNNING
+            # A job with datasets is not kept: each trial reads its epochs from the start.
+            keep = keep and job.executor.state is ExecutorState.RUNNING and spec.data is None
             if keep:
                 self._warm = (spec, job)
         if not keep:
@@ -169,6 +172,8 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
                 num_workers_per_host=spec.num_slots,
                 cpus_per_worker=spec.num_cpus_per_slot,
                 use_gpu=spec.use_gpu,
+                datasets=None if spec.data is None else spec.data.datasets,
+                data_config=None if spec.data is None else spec.data.config,
             )
         )
     _jobs.begin(job)
@@ -209,6 +214,9 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
     num_cpus_per_slot: float = 1,
     use_gpu: bool = False,
     timeout_s: float = 120,
+    *,
+    datasets: Mapping[str, Any] | None = None,
+    data_config: Any = None,
 ) -> type[tune.Trainable]:
     """Makes a Tune Trainable whose every trial runs ``func`` as a Horovod job.
 
@@ -221,6 +229,10 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
         num_cpus_per_slot: CPUs each rank reserves.
         use_gpu: Reserve one GPU per rank.
         timeout_s: Seconds Gloo waits for peers before failing.
+        datasets: Ray Data for each trial's ranks (as ``run()``'s): name ->
+            ``ray.data.Dataset``, split afresh over every trial's ranks;
+            ``horovod_ray.get_dataset_shard(name)`` in ``func`` gives a rank its part.
+        data_config: A ``ray.train.DataConfig`` for ``datasets``.
 
     Returns:
         A ``tune.Trainable`` subclass for ``tune.Tuner`` (or ``tune.run``).
@@ -245,6 +257,9 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
         use_gpu=use_gpu,
     )
     pickle_fn("func", func)
+    data = data_spec(datasets, data_config)
+    if data is not None:
+        check_rows(data, num_hosts * num_slots)
 
     per_host = {name: amount * num_slots for name, amount in layout.worker_resources().items()}
     resources = tune.PlacementGroupFactory(
@@ -252,7 +267,7 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
         strategy="STRICT_SPREAD" if num_hosts > 1 else "PACK",
     )
 
-    spec = _TrialSpec(func, settings, num_hosts, num_slots, num_cpus_per_slot, use_gpu)
+    spec = _TrialSpec(func, settings, num_hosts, num_slots, num_cpus_per_slot, use_gpu, data)
 
     def run_trial(config: dict) -> None:
         # Only module-level names in here: Tune pickles this closure by value.

@@ -28,6 +28,7 @@ CHECKPOINT_BYTES = 100_000
 ELEMENTS = 1 << 16  # float32: 256 KiB per allreduce
 TENSORS = 3  # per step, as a step's gradients: the straggler is charged once a step
 PAUSE_S = 4  # after the steps, inside the call, with no collective: a stall
+BATCH = 4  # rows of the job's dataset a rank takes per step
 
 
 def train():
@@ -43,7 +44,9 @@ def train():
 
     hvd.init()
     tensors = [torch.ones(ELEMENTS) for _ in range(TENSORS)]
+    batches = iter(horovod_ray.get_dataset_shard("train").iter_batches(batch_size=BATCH))
     for step in range(STEPS):
+        next(batches)  # a step's data: counted as the rank's wait for it
         if hvd.rank() == 1:
             time.sleep(SLEEP_S)
         handles = [hvd.allreduce_async_(t, name=f"gradient{i}") for i, t in enumerate(tensors)]
@@ -86,7 +89,8 @@ def observed(tmp_path_factory):
             find_stragglers=True,
             timeline=str(seen["timeline"]),
         )
-        executor = RayExecutor(settings, num_workers=2)
+        dataset = ray.data.range(2 * STEPS * BATCH)
+        executor = RayExecutor(settings, num_workers=2, datasets={"train": dataset})
         executor.start()
         try:
             job_id = seen["job_id"] = executor.job_id

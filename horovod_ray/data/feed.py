@@ -1,0 +1,102 @@
+"""One job's datasets split over its ranks: made as the ranks are up, released with them.
+
+Ray Train's own ``DataConfig.configure`` splits each dataset (``streaming_split(n,
+equal=True, locality_hints=<each rank's node>)``, or the whole dataset to every rank for
+one it does not split), so a job's ranks read exactly as Ray Train's workers do. Each split
+dataset runs in a ``SplitCoordinator`` actor of Ray Data's: :meth:`DatasetFeed.close` ends
+it, whatever ended the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import ray
+
+from horovod_ray.data.budget import RankReservation, spare_cpus
+from horovod_ray.data.spec import DataSpec
+
+if TYPE_CHECKING:
+    from ray.data import DataIterator
+
+logger = logging.getLogger(__name__)
+
+# Seconds a split's coordinator gets to stop its executor before it is killed.
+SHUTDOWN_S = 5.0
+
+
+class DatasetFeed:
+    """The split of one job's datasets (see the module).
+
+    Args:
+        spec: The datasets and their ``DataConfig``.
+        per_rank: What each rank reserves (``{"CPU": 1.0}``): kept out of Ray Data's
+            budget while the feed is open.
+    """
+
+    def __init__(self, spec: DataSpec, per_rank: Mapping[str, float]) -> None:
+        self.spec = spec
+        self._per_rank = dict(per_rank)
+        self._coordinators: list[Any] = []
+        self._reservation: RankReservation | None = None
+
+    def open(self, node_ids: Sequence[str]) -> list[dict[str, DataIterator]]:
+        """Splits the datasets over ranks on ``node_ids`` (in world-rank order).
+
+        Returns:
+            Each rank's iterators by dataset name, in world-rank order.
+        """
+        ranks = len(node_ids)
+        self._warn_if_no_room(ranks)
+        if any(amount > 0 for amount in self._per_rank.values()):
+            self._reservation = RankReservation(self._per_rank, ranks)
+        per_rank = self.spec.config.configure(
+            datasets=dict(self.spec.datasets),
+            world_size=ranks,
+            worker_handles=None,
+            worker_node_ids=list(node_ids),
+        )
+        self._coordinators = _coordinators(per_rank)
+        return per_rank
+
+    def close(self) -> None:
+        """Stops each split's execution and its coordinator actor, and ends the
+        reservation; idempotent, and safe after a failed :meth:`open`."""
+        coordinators, self._coordinators = self._coordinators, []
+        try:
+            if coordinators:
+                stops = [c.shutdown_executor.remote() for c in coordinators]
+                ray.wait(stops, num_returns=len(stops), timeout=SHUTDOWN_S)
+                for coordinator in coordinators:
+                    ray.kill(coordinator)
+        finally:
+            reservation, self._reservation = self._reservation, None
+            if reservation is not None:
+                reservation.close()
+
+    def _warn_if_no_room(self, ranks: int) -> None:
+        spare = spare_cpus(self._per_rank.get("CPU", 0.0), ranks)
+        if spare < 1:
+            logger.warning(
+                "the job's %d ranks leave Ray Data %.3g of the cluster's CPUs: its tasks "
+                "(reading, map_batches) wait until a CPU is free, and the ranks wait on "
+                "them. Give Ray more CPUs (ray.init(num_cpus=...), another node) or the "
+                "ranks fewer (cpus_per_slot / cpus_per_worker)",
+                ranks,
+                max(spare, 0.0),
+            )
+
+
+def _coordinators(per_rank: list[dict[str, DataIterator]]) -> list[Any]:
+    """The ``SplitCoordinator`` actors behind the iterators (Ray's ``DatasetManager`` keeps
+    them the same way, to shut them down)."""
+    from ray.data._internal.iterator.stream_split_iterator import StreamSplitDataIterator
+
+    found: dict[Any, Any] = {}
+    for iterators in per_rank:
+        for iterator in iterators.values():
+            if isinstance(iterator, StreamSplitDataIterator):
+                actor = iterator._coord_actor
+                found.setdefault(actor._actor_id, actor)
+    return list(found.values())

@@ -1,0 +1,106 @@
+"""``get_dataset_shard(name)``: a rank's part of the job's datasets, as Ray Train's.
+
+The job hands each rank its iterators once its ranks are up (``data/feed``): Ray Data's
+own ``DataIterator`` (``iter_batches``, ``iter_torch_batches``, ``iter_tf_batches``,
+``to_tf``, ...), over this rank's part of each split dataset, or over the whole of one
+that is not split. The seconds the rank's loop waits for its next batch are counted
+(:func:`waited_s`, and the metric ``horovod_ray_data_wait_seconds_total``): with the
+ranks' waits for each other (``horovod_ray_waited_for_seconds_total``) they tell a rank
+that starves for data from one that waits for a slower rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from horovod_ray.rank import metrics as rank_metrics
+
+if TYPE_CHECKING:
+    from ray.data import DataIterator
+
+_shards: dict[str, DataIterator] | None = None
+_waited: dict[str, float] = {}
+_lock = threading.Lock()
+
+
+def get_dataset_shard(name: str) -> DataIterator:
+    """This rank's part of the dataset given as ``datasets={name: ...}`` (as
+    ``ray.train.get_dataset_shard``).
+
+    Each rank of a split dataset gets the same number of rows per epoch (Ray's
+    ``streaming_split(equal=True)``: up to ``world size - 1`` rows of an epoch are left
+    out), so every rank takes as many steps. Every call on a rank returns the same
+    iterator; each pass over it (``iter_batches()``, ...) is an epoch, which every rank
+    must start.
+
+    Raises:
+        KeyError: The job has no dataset of that name (or no datasets at all).
+    """
+    shards = _shards
+    if shards is None:
+        raise KeyError(
+            f"get_dataset_shard({name!r}): this job was given no datasets; pass "
+            f"datasets={{{name!r}: ray.data.Dataset}} to run(), RayExecutor or "
+            "DistributedTrainableCreator (and call it on a rank)"
+        )
+    if name not in shards:
+        raise KeyError(
+            f"get_dataset_shard({name!r}): the job's datasets are {sorted(shards)}; "
+            "name one of them, or add it to datasets="
+        )
+    return shards[name]
+
+
+def give(shards: Mapping[str, DataIterator] | None) -> None:
+    """Sets this rank's iterators (None: the job has no datasets); each is timed."""
+    global _shards
+    if shards is None:
+        _shards = None
+        return
+    for name, iterator in shards.items():
+        _time_waits(name, iterator)
+    _shards = dict(shards)
+
+
+def waited_s() -> dict[str, float]:
+    """Seconds this rank has waited for its next batch, by dataset."""
+    with _lock:
+        return dict(_waited)
+
+
+def _time_waits(name: str, iterator: Any) -> None:
+    """Counts the time each ``next()`` on the iterator's batches takes. Every way of
+    iterating a ``DataIterator`` makes its batches with ``_create_batch_iterator`` (Ray's
+    PublicAPI hook for it): the iterator's own is wrapped."""
+    make: Callable[..., Any] = iterator._create_batch_iterator
+
+    def create(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        return _timed(name, make(*args, **kwargs))
+
+    iterator._create_batch_iterator = create
+
+
+def _timed(name: str, batches: Any) -> Iterator[Any]:
+    inner = iter(batches)
+    try:
+        while True:
+            began = time.perf_counter()
+            try:
+                batch = next(inner)
+            except StopIteration:
+                return
+            finally:
+                _add(name, time.perf_counter() - began)
+            yield batch
+    finally:
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()
+
+
+def _add(name: str, seconds: float) -> None:
+    with _lock:
+        _waited[name] = _waited.get(name, 0.0) + seconds
+    rank_metrics.data_waited(name, seconds)

@@ -1,0 +1,221 @@
+"""Ray Data feeding a job: ``datasets=`` split over the ranks as Ray Train splits them,
+equal rows per rank so that no rank's last allreduce waits for one that has stopped, the
+split released with the job whatever ends it, bad input refused before anything starts."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import ray
+import ray.train
+
+import horovod_ray
+from horovod_ray import ConfigError, RayExecutor, WorkerFailedError
+from horovod_ray.data.budget import RankReservation
+from test.conftest import alive_actors, all_actors, start_local_ray, wait_until
+
+ROWS = 1001  # odd: two ranks cannot split it evenly
+BATCH = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_with_room_for_data():
+    """Two ranks' CPUs and two for Ray Data; Ray Data's own singleton actors (its stats,
+    its autoscaling coordinator) made first, so that what a test leaves is the test's."""
+    start_local_ray(4)
+    ray.data.range(2).take_all()
+    RankReservation({"CPU": 1.0}, 1).close()
+
+
+def _coordinators() -> list:
+    """Ray Data's actors of the splits that are not dead (being made, or alive)."""
+    return [a for a in all_actors() if a.class_name == "SplitCoordinator" and a.state != "DEAD"]
+
+
+def _no_coordinator_left() -> bool:
+    return wait_until(lambda: not _coordinators(), timeout_s=20)
+
+
+def train_epochs(epochs: int):
+    import horovod.torch as hvd
+    import torch
+
+    from horovod_ray.rank import datasets
+
+    hvd.init()
+    shard = horovod_ray.get_dataset_shard("train")
+    assert horovod_ray.get_dataset_shard("train") is shard  # one iterator per rank
+    seen, steps = [], 0
+    for _ in range(epochs):
+        rows = []
+        for batch in shard.iter_torch_batches(batch_size=BATCH):
+            rows.extend(batch["id"].tolist())
+            # A step's allreduce: a rank with a step more than the others would wait here.
+            hvd.allreduce(torch.tensor(1.0), name="step")
+            steps += 1
+        seen.append(rows)
+    whole = [int(i) for b in horovod_ray.get_dataset_shard("valid").iter_batches() for i in b["id"]]
+    return {"rank": hvd.rank(), "steps": steps, "seen": seen, "valid": whole,
+            "waited": datasets.waited_s()}  # fmt: skip
+
+
+def test_every_rank_takes_as_many_rows_and_steps_and_no_row_twice():
+    results = horovod_ray.run(
+        train_epochs,
+        args=[2],
+        num_slots=2,
+        datasets={"train": ray.data.range(ROWS), "valid": ray.data.range(30)},
+        data_config=ray.train.DataConfig(datasets_to_split=["train"]),
+    )
+    assert [r["rank"] for r in results] == [0, 1]
+    per_rank = ROWS // 2
+    for epoch in range(2):
+        parts = [r["seen"][epoch] for r in results]
+        assert [len(p) for p in parts] == [per_rank, per_rank]  # the remainder: one row
+        together = parts[0] + parts[1]
+        assert len(set(together)) == len(together) == ROWS - 1
+        assert set(together) <= set(range(ROWS))
+    steps = 2 * -(-per_rank // BATCH)
+    assert [r["steps"] for r in results] == [steps, steps]
+    # A dataset left out of the split comes whole to every rank.
+    assert [sorted(r["valid"]) for r in results] == [list(range(30))] * 2
+    # Each rank counted its waits for data, by dataset.
+    for r in results:
+        assert set(r["waited"]) == {"train", "valid"} and r["waited"]["train"] > 0
+    assert _no_coordinator_left()
+
+
+def test_the_split_goes_with_a_job_that_failed():
+    def fail_after_a_batch():
+        import horovod.torch as hvd
+
+        hvd.init()
+        next(iter(horovod_ray.get_dataset_shard("train").iter_batches(batch_size=8)))
+        if hvd.rank() == 1:
+            raise RuntimeError("rank 1 fails mid-epoch")
+        return hvd.rank()
+
+    with pytest.raises(WorkerFailedError, match="rank 1 fails mid-epoch"):
+        horovod_ray.run(fail_after_a_batch, num_slots=2, datasets={"train": ray.data.range(400)})
+    assert _no_coordinator_left()
+
+
+def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
+    def one_epoch():
+        import horovod.torch as hvd
+
+        hvd.init()
+        shard = horovod_ray.get_dataset_shard("train")
+        return sorted(int(i) for b in shard.iter_batches(batch_size=10) for i in b["id"])
+
+    executor = RayExecutor(num_workers=2, datasets={"train": ray.data.range(100)})
+    executor.start()
+    try:
+        assert wait_until(lambda: len(_coordinators()) == 1)
+        for _ in range(2):
+            first, second = executor.run(one_epoch)
+            assert len(first) == len(second) == 50
+            assert sorted(first + second) == list(range(100))
+    finally:
+        executor.stop()
+    assert _no_coordinator_left()
+
+
+def test_a_rank_asking_for_a_dataset_it_was_not_given_is_told_which_it_has():
+    def ask(name):
+        try:
+            horovod_ray.get_dataset_shard(name)
+        except KeyError as err:
+            return str(err)
+
+    (named,) = horovod_ray.run(ask, args=["training"], datasets={"train": ray.data.range(4)})
+    assert "['train']" in named and "training" in named
+    (none,) = horovod_ray.run(ask, args=["train"])
+    assert "no datasets" in none and "datasets=" in none
+
+
+def test_a_local_run_reads_the_whole_dataset():
+    def read_all():
+        shard = horovod_ray.get_dataset_shard("train")
+        return sorted(int(i) for b in shard.iter_batches(batch_size=100) for i in b["id"])
+
+    (rows,) = horovod_ray.run(read_all, local=True, datasets={"train": ray.data.range(ROWS)})
+    assert rows == list(range(ROWS))
+    assert _no_coordinator_left()
+    with pytest.raises(KeyError, match="no datasets"):
+        horovod_ray.get_dataset_shard("train")  # the local run's datasets went with it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter", "says"),
+    [
+        ({"datasets": [1, 2]}, "datasets", "dict of name -> ray.data.Dataset"),
+        ({"datasets": {}}, "datasets", "non-empty"),
+        ({"datasets": {"train": [1, 2, 3]}}, "datasets", "datasets['train'] must be a ray.data"),
+        ({"datasets": {3: "x"}}, "datasets", "non-empty str"),
+        ({"data_config": ray.train.DataConfig()}, "data_config", "give datasets= too"),
+        ("bad config", "data_config", "must be a ray.train.DataConfig"),
+        ("unknown split", "data_config", "splits ['test']"),
+        ("too few rows", "datasets", "has 1 rows for 2 ranks"),
+        ("elastic", "datasets", "static jobs"),
+    ],
+)
+def test_bad_data_is_refused_before_anything_starts(kwargs, parameter, says):
+    train = ray.data.range(1)
+    named = {
+        "bad config": {"datasets": {"train": train}, "data_config": {"split": "all"}},
+        "unknown split": {
+            "datasets": {"train": train},
+            "data_config": ray.train.DataConfig(datasets_to_split=["test"]),
+        },
+        "too few rows": {"datasets": {"train": train}, "num_slots": 2},
+        "elastic": {"datasets": {"train": train}, "min_workers": 1, "max_workers": 2},
+    }
+    kwargs = named[kwargs] if isinstance(kwargs, str) else kwargs
+    before = {a.actor_id for a in alive_actors()}
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        horovod_ray.run(lambda: None, **kwargs)
+    assert err.value.parameter == parameter
+    assert {a.actor_id for a in alive_actors()} == before  # not even a split coordinator
+
+
+def test_the_tune_adapter_refuses_bad_data_when_it_is_made():
+    from horovod_ray.tune import DistributedTrainableCreator
+
+    with pytest.raises(ConfigError, match="has 1 rows for 2 ranks"):
+        DistributedTrainableCreator(
+            lambda config: None, num_slots=2, datasets={"train": ray.data.range(1)}
+        )
+
+
+def tune_epoch(config):
+    import horovod.torch as hvd
+    from ray import tune
+
+    hvd.init()
+    shard = horovod_ray.get_dataset_shard("train")
+    rows = [int(i) for b in shard.iter_batches(batch_size=config["batch"]) for i in b["id"]]
+    every = hvd.allgather_object(rows)
+    tune.report({"rows": [len(r) for r in every], "distinct": len(set(sum(every, [])))})
+
+
+def test_every_tune_trial_splits_the_datasets_over_its_own_ranks(tmp_path):
+    from ray import tune
+
+    from horovod_ray.tune import DistributedTrainableCreator
+
+    trainable = DistributedTrainableCreator(
+        tune_epoch, num_slots=2, datasets={"train": ray.data.range(ROWS)}
+    )
+    results = tune.Tuner(
+        trainable,
+        param_space={"batch": tune.grid_search([16, 100])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="data", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_errors == 0
+    for result in results:
+        assert result.metrics["rows"] == [ROWS // 2, ROWS // 2]
+        assert result.metrics["distinct"] == ROWS - 1
+    assert _no_coordinator_left()

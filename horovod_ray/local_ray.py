@@ -112,6 +112,13 @@ def stop() -> None:
     ray.shutdown()
 
 
+def started_here() -> bool:
+    """Whether this process started the Ray it holds (``ray.init()`` without an address,
+    also implicitly, as ``ray.data`` does): a local Ray, which no autoscaler grows."""
+    node = ray._private.worker._global_node  # noqa: SLF001 - Ray has no public handle
+    return ray.is_initialized() and node is not None and node.is_head()
+
+
 def _at_exit() -> None:
     """Stops the local Ray this process started once the workers' output is all here.
 

@@ -56,7 +56,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 18
+    assert len(PYTHON) == 19
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -77,6 +77,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         'print("horovod_ray", result.metrics',
         "get_preemption_info() is not None",
         "validation_config=ValidationConfig(evaluate)",
+        'get_dataset_shard("train")',
     ):
         assert _block(marker)
     assert any("ray job submit --address http://HEAD:8265" in b for b in doc_blocks("bash"))
@@ -115,6 +116,15 @@ def test_checkpoints_validation_snippet(joined):
     losses, best = out.strip().splitlines()[-2:]
     assert losses == "[1.5, 0.5, 0.5]"
     assert best.endswith("/validated/checkpoint_000002")  # the oldest of equals, as Ray
+
+
+def test_data_page_snippet_trains_torch_and_keras_from_one_dataset():
+    """It starts its own Ray (4 CPUs: two ranks and room for Ray Data); its asserts: as
+    many steps on each rank, one model."""
+    out = run_fresh_python(_block('get_dataset_shard("train")'), SNIPPET_S)
+    torch_line, keras_line = out.strip().splitlines()[-2:]
+    assert torch_line == "train_torch [(100, 3.0), (100, 3.0)]"
+    assert keras_line == "train_keras [(10, 3.0), (10, 3.0)]"
 
 
 def test_cloud_pages_preemption_snippet(joined):

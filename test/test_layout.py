@@ -116,7 +116,7 @@ DRAWN = {
     },  # fmt: skip
     "rendezvous": {"errors", "rank"},
     "rank": {"checkpoints", "data", "errors", "observe", "stack"},
-    "data": {"errors"},
+    "data": {"errors", "local_ray"},
     "settings": {"checkpoints", "errors"},
     "checkpoints": {"errors"},
     "observe": {"errors"},

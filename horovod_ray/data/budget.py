@@ -10,10 +10,14 @@ that uses Ray Train's (``TrainV1ResourceReservation``, private), and
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from typing import Any, Mapping
 
 import ray
+
+from horovod_ray import local_ray
+from horovod_ray.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +57,26 @@ class RankReservation:
             held.__exit__(None, None, None)
 
 
-def spare_cpus(per_rank_cpus: float, ranks: int) -> float:
-    """The cluster's CPUs the job's ranks leave to Ray Data now."""
-    return ray.cluster_resources().get("CPU", 0.0) - per_rank_cpus * ranks
+def check_room(per_rank_cpus: float, ranks: int) -> None:
+    """Refuses a job whose ranks leave Ray Data less than one of the cluster's CPUs: its
+    tasks (reads, ``map_batches``) would wait for a CPU, and the ranks for them, for
+    ever. A Ray this process started cannot grow, and is refused; a cluster (an
+    autoscaler may add nodes) gets a warning.
+
+    Raises:
+        ConfigError: On a local Ray, naming the fix.
+    """
+    total = ray.cluster_resources().get("CPU", 0.0)
+    taken = per_rank_cpus * ranks
+    if total - taken >= 1:
+        return
+    message = (
+        f"datasets=: the job's {ranks} ranks take {taken:g} of this Ray's {total:g} CPUs, "
+        "leaving Ray Data less than one for its tasks (reads, map_batches), which the "
+        "ranks would wait for; start Ray with more CPUs before making the datasets "
+        f"(ray.init(num_cpus={math.ceil(taken) + 1})), add a node, or give the ranks "
+        "fewer (cpus_per_slot / cpus_per_worker)"
+    )
+    if local_ray.started_here():
+        raise ConfigError("datasets", message)
+    logger.warning("%s (a warning: an autoscaler may still add a node)", message)

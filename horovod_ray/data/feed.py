@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import ray
 
-from horovod_ray.data.budget import RankReservation, spare_cpus
+from horovod_ray.data.budget import RankReservation, check_room
 from horovod_ray.data.spec import DataSpec
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class DatasetFeed:
             Each rank's iterators by dataset name, in world-rank order.
         """
         ranks = len(node_ids)
-        self._warn_if_no_room(ranks)
+        self.check_room(ranks)
         if any(amount > 0 for amount in self._per_rank.values()):
             self._reservation = RankReservation(self._per_rank, ranks)
         per_rank = self.spec.config.configure(
@@ -75,17 +75,10 @@ class DatasetFeed:
             if reservation is not None:
                 reservation.close()
 
-    def _warn_if_no_room(self, ranks: int) -> None:
-        spare = spare_cpus(self._per_rank.get("CPU", 0.0), ranks)
-        if spare < 1:
-            logger.warning(
-                "the job's %d ranks leave Ray Data %.3g of the cluster's CPUs: its tasks "
-                "(reading, map_batches) wait until a CPU is free, and the ranks wait on "
-                "them. Give Ray more CPUs (ray.init(num_cpus=...), another node) or the "
-                "ranks fewer (cpus_per_slot / cpus_per_worker)",
-                ranks,
-                max(spare, 0.0),
-            )
+    def check_room(self, ranks: int) -> None:
+        """Refuses (a local Ray) or warns of (a cluster) ranks that leave Ray Data no CPU
+        (``budget.check_room``)."""
+        check_room(self._per_rank.get("CPU", 0.0), ranks)
 
 
 def _coordinators(per_rank: list[dict[str, DataIterator]]) -> list[Any]:

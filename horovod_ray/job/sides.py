@@ -71,6 +71,12 @@ class JobSides:
         if self._timeline:
             env[TIMELINE_ENV] = "1"
 
+    def check_room(self, layout: WorkerLayout) -> None:
+        """Before anything is taken: refuses ranks that would leave Ray Data no CPU
+        (``data.budget.check_room``), where the layout says how many."""
+        if self._feed is not None and (ranks := planned_ranks(layout)) is not None:
+            self._feed.check_room(ranks)
+
     def starting(self) -> None:
         """The job starts: an elastic one says how many ranks it wants."""
         if self._elastic is not None:

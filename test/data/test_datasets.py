@@ -159,6 +159,7 @@ def test_a_local_run_reads_the_whole_dataset():
         ("unknown split", "data_config", "splits ['test']"),
         ("too few rows", "datasets", "has 1 rows for 2 ranks"),
         ("elastic", "datasets", "static jobs"),
+        ("no room", "datasets", "leaving Ray Data less than one"),
     ],
 )
 def test_bad_data_is_refused_before_anything_starts(kwargs, parameter, says):
@@ -171,6 +172,8 @@ def test_bad_data_is_refused_before_anything_starts(kwargs, parameter, says):
         },
         "too few rows": {"datasets": {"train": train}, "num_slots": 2},
         "elastic": {"datasets": {"train": train}, "min_workers": 1, "max_workers": 2},
+        # The ranks would take all 4 CPUs of this Ray (started here: it cannot grow).
+        "no room": {"datasets": {"train": train}, "cpus_per_slot": 4},
     }
     kwargs = named[kwargs] if isinstance(kwargs, str) else kwargs
     before = {a.actor_id for a in alive_actors()}

@@ -59,6 +59,9 @@ class Mode:
     scale_deadline_s: float  # a rendezvous still going then is recorded as bound
     scale_start_sizes: tuple[int, ...]  # --only scale_start: real ranks on 2 Ray nodes
     resume_reps: int = 1  # B12: each repetition, a restart of horovod_ray's and Ray Train's
+    ingest_rows: int = 20_000  # B13: rows of the pipeline, read twice
+    ingest_ranks: tuple[int, ...] = (2,)
+    ingest_reps: int = 1
 
 
 MODES = {
@@ -68,6 +71,7 @@ MODES = {
         b6_reps=2, b6e_reps=2, script_reps=2, b9_reps=2,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=3, scale_deadline_s=60,
         scale_start_sizes=(8, 16, 32), resume_reps=3,
+        ingest_rows=200_000, ingest_ranks=(2, 4), ingest_reps=3,
     ),
     # One repetition of each comparison: a pair per ratio, no spreads (see "How to run").
     "quick": Mode(
@@ -75,7 +79,7 @@ MODES = {
         b4_trials=2, b4_reps=1, b5_points=(), b5_reps=1,
         b6_reps=1, b6e_reps=1, script_reps=1, b9_reps=1,
         scale_sizes=(64, 256, 1024, 4096), scale_reps=1, scale_deadline_s=60,
-        scale_start_sizes=(8, 16, 32),
+        scale_start_sizes=(8, 16, 32), ingest_rows=200_000, ingest_ranks=(2, 4),
     ),
     "smoke": Mode(
         reps=1, b1_bytes=1 << 20, b1_iters=3, b1_warmup=1, b2_workers=(2,), b3_calls=20,

@@ -153,6 +153,15 @@ def _print_b6(results: dict) -> None:
             print(_row(name, s, "s"))
             print(_row("  steps done again", results["b12_steps_done_again"][name], ""))
         print(f"  b12_ratio_vs_train_v2 {results['b12_ratio_vs_train_v2']:.3f}")
+    for ranks in (2, 4):
+        if f"b13_rows_per_s_{ranks}" in results:
+            rows = results["b13_rows"]
+            print(f"B13 Ray Data into {ranks} ranks, {rows} rows x {results['b13_epochs']} epochs")
+            for name, s in results[f"b13_rows_per_s_{ranks}"].items():
+                print(_row(name, s, "row/s"))
+            for against in ("train_v2", "by_hand"):
+                key = f"b13_ratio_vs_{against}_{ranks}"
+                print(f"  {key:<32} {results[key]:.3f}")
     if "b11_to_max_workers_s" in results:
         print("B11 an elastic job on the nodes the autoscaler launches for it (s)")
         print(_row("run() to 6 ranks", results["b11_to_max_workers_s"], "s"))

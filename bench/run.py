@@ -13,7 +13,8 @@ docs/benchmarks.rst.
 This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
 sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
 ``bench.b9`` (restarts and hangs; B12, a restart that resumes, against Ray Train v2, in
-``bench.resume``), ``bench.cloud`` (B10, a node drained against one
+``bench.resume``), ``bench.ingest`` (B13, Ray Data into the ranks, against Ray Train v2's
+``datasets=``), ``bench.cloud`` (B10, a node drained against one
 lost, with Ray Train v2's answer in ``bench.train_drain``; B11, the autoscaler) and
 ``bench.scale``; what they share is in ``bench.common``; the table and the plots in
 ``bench.report``.
@@ -39,7 +40,7 @@ from horovod_ray import local_ray
 # What a pass runs unless --only says otherwise; "sweep", "scale" and "scale_start" only
 # when named.
 DEFAULT_PARTS = tuple(
-    "b1 b2 b3 b4 b5 b6 b6e drain train_drain autoscaler b7 b8 b9 resume bt".split()
+    "b1 b2 b3 b4 b5 b6 b6e drain train_drain autoscaler b7 b8 b9 resume ingest bt".split()
 )
 
 
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parts.run("bt", in_own_process, "bench.bt", args.mode)  # PyTorch's peers
     parts.run("train_drain", in_own_process, "bench.train_drain", args.mode)  # B10's Train v2
     parts.run("resume", in_own_process, "bench.resume", args.mode)  # B12, against Train v2
+    parts.run("ingest", in_own_process, "bench.ingest", args.mode)  # B13, Ray Data
     results["parts_s"] = parts.seconds
     results["wall_s"] = time.perf_counter() - started
     _write(results, out_path)

@@ -76,6 +76,9 @@ def test_smoke_pass_produces_every_figure(tmp_path):
         "hang_detect_s",
         "b12_resume_s",
         "b12_ratio_vs_train_v2",
+        "b13_rows_per_s_2",
+        "b13_ratio_vs_train_v2_2",
+        "b13_ratio_vs_by_hand_2",
     ):
         numbers = _numbers(figures[key])
         assert numbers and all(math.isfinite(n) and n > 0 for n in numbers), key

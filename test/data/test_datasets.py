@@ -4,7 +4,11 @@ split released with the job whatever ends it, bad input refused before anything 
 
 from __future__ import annotations
 
+import _thread
 import re
+import signal
+import threading
+import time
 
 import pytest
 import ray
@@ -98,6 +102,40 @@ def test_the_split_goes_with_a_job_that_failed():
 
     with pytest.raises(WorkerFailedError, match="rank 1 fails mid-epoch"):
         horovod_ray.run(fail_after_a_batch, num_slots=2, datasets={"train": ray.data.range(400)})
+    assert _no_coordinator_left()
+
+
+def read_then_wait():
+    import time
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    next(iter(horovod_ray.get_dataset_shard("train").iter_batches(batch_size=8)))
+    horovod_ray.log({"read": True})  # the driver's callback: Ctrl-C now
+    time.sleep(60)
+
+
+def test_ctrl_c_in_the_driver_releases_the_split():
+    interrupted = threading.Event()
+
+    def interrupt_once(metrics):
+        if not interrupted.is_set():
+            interrupted.set()
+            _thread.interrupt_main()
+
+    # As a terminal's Ctrl-C (see test/faults: a shell's background job ignores SIGINT).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            horovod_ray.run(
+                read_then_wait, num_slots=2, datasets={"train": ray.data.range(400)},
+                callbacks=[interrupt_once],
+            )  # fmt: skip
+            time.sleep(30)  # only reached if run() returned; the interrupt then lands here
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert interrupted.is_set()
     assert _no_coordinator_left()
 
 

@@ -38,6 +38,7 @@ from horovod_ray.run import run
 from horovod_ray.settings import Settings
 
 if TYPE_CHECKING:
+    from horovod_ray.data.config import DataConfig
     from horovod_ray.elastic import ElasticRayExecutor
     from horovod_ray.executor import RayExecutor
 
@@ -45,6 +46,7 @@ __all__ = [
     "Callback",
     "CheckpointError",
     "ConfigError",
+    "DataConfig",
     "ElasticLimitError",
     "ElasticRayExecutor",
     "ExecutorState",
@@ -77,7 +79,11 @@ __all__ = [
 
 
 # Imported when first used (see above): name -> its module.
-_LAZY = {"RayExecutor": "horovod_ray.executor", "ElasticRayExecutor": "horovod_ray.elastic"}
+_LAZY = {
+    "RayExecutor": "horovod_ray.executor",
+    "ElasticRayExecutor": "horovod_ray.elastic",
+    "DataConfig": "horovod_ray.data.config",
+}
 # horovod.ray 0.28.1's public names that have no counterpart here, and what to use instead.
 _HOROVOD_RAY_ONLY = {
     "BaseHorovodWorker": (

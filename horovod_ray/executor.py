@@ -86,7 +86,8 @@ class RayExecutor:
         datasets: Ray Data for the ranks, as Ray Train's ``datasets=``: name ->
             ``ray.data.Dataset``. Split over the ranks as the job starts (equal rows per
             rank, each rank's part read on its node where Ray can); a rank takes its part
-            with ``horovod_ray.get_dataset_shard(name)``. Static jobs only.
+            with ``horovod_ray.get_dataset_shard(name)``. An elastic job (which needs
+            ``max_workers`` then) splits in order, its position resumable (docs/data.rst).
         data_config: A ``ray.train.DataConfig``: which datasets are split (the others
             go whole to every rank), Ray Data's execution options.
 

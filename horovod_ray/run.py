@@ -135,9 +135,13 @@ def run(
         datasets: Ray Data for the ranks, as Ray Train's ``datasets=``: name ->
             ``ray.data.Dataset``, split over the ranks as the job starts (each rank the
             same number of rows per epoch); ``horovod_ray.get_dataset_shard(name)`` on a
-            rank gives its part as a ``ray.data.DataIterator``. Static jobs only.
+            rank gives its part as a ``ray.data.DataIterator``. An elastic job (which
+            needs ``max_workers`` then) splits in order, its position resumable
+            (docs/data.rst).
         data_config: A ``ray.train.DataConfig``: which datasets are split (the others
-            go whole to every rank), Ray Data's execution options.
+            go whole to every rank), Ray Data's execution options; or a
+            ``horovod_ray.DataConfig(resumable=True)``: split in order, each rank's
+            position kept (``state_dict()``) for a restart to read on from.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).

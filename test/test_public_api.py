@@ -18,6 +18,7 @@ PUBLIC = {
     "horovod_ray": [
         "Callback",
         "ConfigError",
+        "DataConfig",
         "ElasticRayExecutor",
         "ElasticLimitError",
         "ExecutorState",

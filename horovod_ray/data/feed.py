@@ -40,6 +40,7 @@ class DatasetFeed:
         self._per_rank = dict(per_rank)
         self._coordinators: list[Any] = []
         self._reservation: RankReservation | None = None
+        self._materialized: dict[str, tuple[Any, int]] = {}
 
     def open(self, node_ids: Sequence[str]) -> list[dict[str, DataIterator]]:
         """Splits the datasets over ranks on ``node_ids`` (in world-rank order).
@@ -60,10 +61,35 @@ class DatasetFeed:
         self._coordinators = _coordinators(per_rank)
         return per_rank
 
+    def materialize(self, ranks: int | None) -> tuple[dict[str, tuple[Any, int]], dict[str, Any]]:
+        """The ordered split: each split dataset materialized in order, with its rows
+        (held here until :meth:`close`), and each other dataset's whole iterator.
+
+        Args:
+            ranks: The most ranks the job has, if known (for the room check).
+        """
+        if ranks is not None:
+            self.check_room(ranks)
+            if any(amount > 0 for amount in self._per_rank.values()):
+                self._reservation = RankReservation(self._per_rank, ranks)
+        ordered: dict[str, tuple[Any, int]] = {}
+        whole: dict[str, Any] = {}
+        for name, dataset in self.spec.datasets.items():
+            if name not in self.spec.split:
+                whole[name] = dataset.iterator()
+                continue
+            dataset = dataset.copy(dataset)
+            dataset.context.execution_options.preserve_order = True
+            materialized = dataset.materialize()
+            ordered[name] = (materialized, materialized.count())
+        self._materialized = ordered
+        return ordered, whole
+
     def close(self) -> None:
         """Stops each split's execution and its coordinator actor, and ends the
         reservation; idempotent, and safe after a failed :meth:`open`."""
         coordinators, self._coordinators = self._coordinators, []
+        self._materialized = {}  # its blocks go with the last reference
         try:
             if coordinators:
                 stops = [c.shutdown_executor.remote() for c in coordinators]

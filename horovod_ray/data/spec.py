@@ -30,6 +30,12 @@ class DataSpec:
     config: DataConfig
 
     @property
+    def resumable(self) -> bool:
+        """Whether the split datasets are split in order, each rank's position kept
+        (``horovod_ray.DataConfig(resumable=True)``)."""
+        return bool(getattr(self.config, "resumable", False))
+
+    @property
     def split(self) -> frozenset[str]:
         """The names of the datasets split over the ranks."""
         chosen = self.config._datasets_to_split  # Ray's own field: "all" or a list

@@ -50,6 +50,12 @@ class ElasticJob:
         self._executable: bytes | None = None
         self._lock = threading.Lock()
         self._current: ElasticRun | None = None
+        self.datasets: dict[str, Any] | None = None
+
+    def give_datasets(self, shards: dict[str, Any]) -> None:
+        """Each rank's iterators over the job's datasets (ordered splits, the same for
+        every rank): handed to every slot's rank as it is set up."""
+        self.datasets = shards
 
     def prepare(self) -> None:
         """Refuses a Ray Client driver, which the ranks cannot reach."""
@@ -100,6 +106,7 @@ class ElasticJob:
                 self._extra_env,
                 self._executable,
                 self._on_world,
+                self.datasets,
             )
 
     def call(

@@ -68,6 +68,7 @@ class ElasticRun:
         extra_env: The ranks' extra environment (``start(extra_env_vars=...)``).
         executable: The pickled ``executable_cls`` and its arguments, or None.
         on_world: Called with (size, resets) each time the world forms or changes.
+        datasets: The ranks' iterators over the job's datasets, or None.
     """
 
     def __init__(
@@ -78,8 +79,10 @@ class ElasticRun:
         extra_env: Mapping[str, str],
         executable: bytes | None,
         on_world: Callable[[int, int], None] | None = None,
+        datasets: dict[str, Any] | None = None,
     ) -> None:
         self._settings, self._layout, self._worker = settings, layout, worker
+        self._datasets = datasets
         self._world_hook = on_world
         self._extra_env, self._executable = dict(extra_env), executable
         self._state = Lifecycle(RUN_TRANSITIONS, RunState.CREATED)
@@ -354,6 +357,8 @@ class ElasticRun:
         env = bringup.rank_env(rank, self._common_env, iface, self._extra_env)
         setup = bringup.setup(actor, env, rank, self._executable, self._settings.niceness)
         bringup.get_one(setup, timeout_s, check)
+        if self._datasets is not None:
+            bringup.get_one(actor.take_datasets.remote(self._datasets), timeout_s, check)
         fn_ref, args = self._call
         ref = actor.call.remote(1, None, fn_ref, args)
         # Every rank's channel is open in an elastic job; it posts while it is rank 0.

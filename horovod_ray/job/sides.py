@@ -15,6 +15,7 @@ from horovod_ray.data.spec import DataSpec, check_rows
 from horovod_ray.errors import ConfigError
 from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.observe.job import JobTelemetry
+from horovod_ray.rank.ordered import OrderedShard
 from horovod_ray.rank.timeline import TIMELINE_ENV
 from horovod_ray.settings import Settings
 
@@ -73,8 +74,12 @@ class JobSides:
 
     def check_room(self, layout: WorkerLayout) -> None:
         """Before anything is taken: refuses ranks that would leave Ray Data no CPU
-        (``data.budget.check_room``), where the layout says how many."""
-        if self._feed is not None and (ranks := planned_ranks(layout)) is not None:
+        (``data.budget.check_room``), where the layout says how many (an elastic job: its
+        ``max_workers``)."""
+        if self._feed is None:
+            return
+        ranks = planned_ranks(layout) if self._elastic is None else self._elastic.max_workers
+        if ranks is not None:
             self._feed.check_room(ranks)
 
     def starting(self) -> None:
@@ -96,11 +101,25 @@ class JobSides:
             self._give_datasets(kind)
 
     def _give_datasets(self, kind: Any) -> None:
-        """Splits the datasets over the ranks that are up, each rank's part to its rank."""
+        """Splits the datasets over the ranks that are up, each rank's part to its rank; an
+        ordered split (resumable, or an elastic job's) gives every rank the same iterators,
+        each cutting its own part as a pass starts."""
+        if self._elastic is not None:
+            kind.give_datasets(self._ordered_shards(self._elastic.max_workers))
+            return
         ranks = kind.ranks
         check_rows(self._feed.spec, len(ranks))
-        shards = self._feed.open([rank.node_id for rank in ranks])
-        ray.get([actor.take_datasets.remote(shards[i]) for i, actor in enumerate(kind.actors)])
+        if self._feed.spec.resumable:
+            shards = self._ordered_shards(len(ranks))
+            per_rank = [shards] * len(ranks)
+        else:
+            per_rank = self._feed.open([rank.node_id for rank in ranks])
+        ray.get([actor.take_datasets.remote(per_rank[i]) for i, actor in enumerate(kind.actors)])
+
+    def _ordered_shards(self, ranks: int | None) -> dict[str, Any]:
+        ordered, whole = self._feed.materialize(ranks)
+        shards = {name: OrderedShard(name, data, rows) for name, (data, rows) in ordered.items()}
+        return {**whole, **shards}
 
     def end(self, finished: bool) -> None:
         """The ranks have stopped: the datasets' split is released and the run's folder's
@@ -114,16 +133,17 @@ class JobSides:
 
 
 def _check_data(data: DataSpec, elastic: ElasticLayout | None, layout: WorkerLayout | None) -> None:
-    """Refuses datasets an elastic job would need resharded, and a split dataset known to
-    have fewer rows than the job's ranks (counted again once they are up)."""
+    """Refuses an elastic job with datasets but no ``max_workers``, and a split dataset
+    known to have fewer rows than the job's ranks (counted again once they are up)."""
     if elastic is not None:
-        raise ConfigError(
-            "datasets",
-            "datasets= is for static jobs: an elastic job's world changes, and its "
-            "datasets would have to be split again as it does, which is not built yet; "
-            "give num_workers (or num_hosts) instead of min_workers/max_workers, or read "
-            "the data inside the function",
-        )
+        if elastic.max_workers is None:
+            raise ConfigError(
+                "max_workers",
+                "an elastic job with datasets= needs max_workers: without it the job grows "
+                "onto every CPU, and Ray Data's tasks would have none; give max_workers",
+            )
+        check_rows(data, elastic.max_workers)
+        return
     if layout is not None and (ranks := planned_ranks(layout)) is not None:
         check_rows(data, ranks)
 

@@ -24,6 +24,7 @@ from horovod_ray.data.feed import DatasetFeed
 from horovod_ray.data.spec import DataSpec, check_rows
 from horovod_ray.observe.job import JobTelemetry
 from horovod_ray.rank import datasets, frameworks, logs, report
+from horovod_ray.rank.ordered import OrderedShard
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
 from horovod_ray.rank.timeline import TIMELINE_ENV
 
@@ -121,7 +122,7 @@ def run_here(
                     checkpoints.start()
                 if feed is not None:
                     check_rows(data, 1)
-                    datasets.give(feed.open([ray.get_runtime_context().get_node_id()])[0])
+                    datasets.give(_one_ranks_shards(feed))
                 result = fn(*args, **kwargs)
                 report.flush()  # its checkpoints are persisted before run() returns
                 finished = True
@@ -156,3 +157,11 @@ def _timeline_folder(path: str) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
     except OSError as err:
         logger.warning("horovod's timeline cannot be written to %s: %s", path, err)
+
+
+def _one_ranks_shards(feed: DatasetFeed) -> dict[str, Any]:
+    """The datasets for the one rank: streamed, or in order when resumable."""
+    if not feed.spec.resumable:
+        return feed.open([ray.get_runtime_context().get_node_id()])[0]
+    ordered, whole = feed.materialize(None)
+    return {**whole, **{name: OrderedShard(name, d, rows) for name, (d, rows) in ordered.items()}}

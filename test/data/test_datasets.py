@@ -196,7 +196,8 @@ def test_a_local_run_reads_the_whole_dataset():
         ("bad config", "data_config", "must be a ray.train.DataConfig"),
         ("unknown split", "data_config", "splits ['test']"),
         ("too few rows", "datasets", "has 1 rows for 2 ranks"),
-        ("elastic", "datasets", "static jobs"),
+        ("elastic without max_workers", "max_workers", "needs max_workers"),
+        ("resumable not a bool", "resumable", "resumable must be True or False"),
         ("no room", "datasets", "leaving Ray Data less than one"),
     ],
 )
@@ -209,10 +210,15 @@ def test_bad_data_is_refused_before_anything_starts(kwargs, parameter, says):
             "data_config": ray.train.DataConfig(datasets_to_split=["test"]),
         },
         "too few rows": {"datasets": {"train": train}, "num_slots": 2},
-        "elastic": {"datasets": {"train": train}, "min_workers": 1, "max_workers": 2},
+        "elastic without max_workers": {"datasets": {"train": train}, "min_workers": 1},
         # The ranks would take all 4 CPUs of this Ray (started here: it cannot grow).
         "no room": {"datasets": {"train": train}, "cpus_per_slot": 4},
     }
+    if kwargs == "resumable not a bool":
+        with pytest.raises(ConfigError, match=re.escape(says)) as err:
+            horovod_ray.DataConfig(resumable="yes")
+        assert err.value.parameter == parameter
+        return
     kwargs = named[kwargs] if isinstance(kwargs, str) else kwargs
     before = {a.actor_id for a in alive_actors()}
     with pytest.raises(ConfigError, match=re.escape(says)) as err:

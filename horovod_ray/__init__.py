@@ -15,6 +15,7 @@ from horovod_ray.checkpoints.result import Result
 from horovod_ray.errors import (
     CheckpointError,
     ConfigError,
+    DatasetNotFoundError,
     ElasticLimitError,
     ExecutorStateError,
     HangError,
@@ -47,6 +48,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DataConfig",
+    "DatasetNotFoundError",
     "ElasticLimitError",
     "ElasticRayExecutor",
     "ExecutorState",

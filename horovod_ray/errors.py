@@ -34,6 +34,14 @@ class ConfigError(HorovodRayError, ValueError):
         return (type(self), (self.parameter, str(self)))
 
 
+class DatasetNotFoundError(HorovodRayError, KeyError):
+    """``get_dataset_shard(name)`` named no dataset of the job (a ``KeyError``, as Ray
+    Train's; its text reads plainly, not quoted as a key)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class PlacementTimeoutError(HorovodRayError, TimeoutError):
     """Ray could not reserve the job's placement group in time."""
 

@@ -239,9 +239,9 @@ class RayExecutor:
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
         self._sides.rank_env(env)
-        self._sides.check_room(self.layout)
         kind = self._job
         kind.prepare()
+        self._sides.check_room(self.layout)
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
         self._sides.starting()

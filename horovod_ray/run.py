@@ -220,8 +220,7 @@ def run(
         env = check_env(env, "env")
     callbacks = calls.check_callbacks(callbacks)
     ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
-    # A local Ray keeps a CPU beside the ranks for Ray Data's tasks.
-    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot) + (datasets is not None))
+    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
 
     # One job to its metrics and ``horovod-ray status``, whatever its restarts.
     telemetry = JobTelemetry.of(settings, elastic, getattr(train_fn, "__name__", None))

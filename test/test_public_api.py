@@ -19,6 +19,7 @@ PUBLIC = {
         "Callback",
         "ConfigError",
         "DataConfig",
+        "DatasetNotFoundError",
         "ElasticRayExecutor",
         "ElasticLimitError",
         "ExecutorState",

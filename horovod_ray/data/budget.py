@@ -29,20 +29,27 @@ class RankReservation:
 
     Args:
         per_rank: What each rank reserves (``{"CPU": 1.0}``).
-        ranks: How many ranks.
+        num_ranks: How many ranks.
     """
 
-    def __init__(self, per_rank: Mapping[str, float], ranks: int) -> None:
+    def __init__(self, per_rank: Mapping[str, float], num_ranks: int) -> None:
         self.requester_id = f"horovod_ray-{uuid.uuid4().hex[:12]}"
         self._held: Any = None
         try:
-            from ray.train import ScalingConfig
+            # Ray AIR's class, whichever Ray Train API the process has (v1's default
+            # would add a trainer's CPU, which a job of ours does not have).
+            from ray.air.config import ScalingConfig
             from ray.train._internal.autoscaling_coordinator_client import (
                 TrainV1ResourceReservation,
             )
 
-            scaling = ScalingConfig(num_workers=ranks, resources_per_worker=dict(per_rank))
-            held = TrainV1ResourceReservation(self.requester_id, scaling, ranks)
+            scaling = ScalingConfig(
+                num_workers=num_ranks,
+                resources_per_worker=dict(per_rank),
+                use_gpu=per_rank.get("GPU", 0) > 0,
+                trainer_resources={},
+            )
+            held = TrainV1ResourceReservation(self.requester_id, scaling, num_ranks)
             held.__enter__()
             self._held = held
         except Exception:  # noqa: BLE001 - Ray Data still runs, counting the ranks' CPUs
@@ -51,13 +58,17 @@ class RankReservation:
             )
 
     def close(self) -> None:
-        """Takes the reservation out (once)."""
+        """Takes the reservation out (once); a failure leaves a warning (the request
+        expires on its own after Ray's 180 s), never a failed stop."""
         held, self._held = self._held, None
         if held is not None:
-            held.__exit__(None, None, None)
+            try:
+                held.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - stop() goes on; Ray lets it expire
+                logger.warning("could not take the ranks' reservation out", exc_info=True)
 
 
-def check_room(per_rank_cpus: float, ranks: int) -> None:
+def check_room(per_rank_cpus: float, num_ranks: int) -> None:
     """Refuses a job whose ranks leave Ray Data less than one of the cluster's CPUs: its
     tasks (reads, ``map_batches``) would wait for a CPU, and the ranks for them, for
     ever. A Ray this process started cannot grow, and is refused; a cluster (an
@@ -67,11 +78,11 @@ def check_room(per_rank_cpus: float, ranks: int) -> None:
         ConfigError: On a local Ray, naming the fix.
     """
     total = ray.cluster_resources().get("CPU", 0.0)
-    taken = per_rank_cpus * ranks
+    taken = per_rank_cpus * num_ranks
     if total - taken >= 1:
         return
     message = (
-        f"datasets=: the job's {ranks} ranks take {taken:g} of this Ray's {total:g} CPUs, "
+        f"datasets=: the job's {num_ranks} ranks take {taken:g} of this Ray's {total:g} CPUs, "
         "leaving Ray Data less than one for its tasks (reads, map_batches), which the "
         "ranks would wait for; start Ray with more CPUs before making the datasets "
         f"(ray.init(num_cpus={math.ceil(taken) + 1})), add a node, or give the ranks "

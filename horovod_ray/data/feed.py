@@ -42,36 +42,52 @@ class DatasetFeed:
         self._reservation: RankReservation | None = None
         self._materialized: dict[str, tuple[Any, int]] = {}
 
-    def open(self, node_ids: Sequence[str]) -> list[dict[str, DataIterator]]:
-        """Splits the datasets over ranks on ``node_ids`` (in world-rank order).
+    def open(
+        self, node_ids: Sequence[str], actors: Sequence[Any] | None = None
+    ) -> list[dict[str, DataIterator]]:
+        """Splits the datasets over ranks on ``node_ids`` (in world-rank order), one
+        dataset at a time, each split's coordinator recorded as soon as it exists.
+
+        Args:
+            node_ids: Each rank's node, in world-rank order (the locality hints).
+            actors: The ranks' actors, for a ``DataConfig`` subclass that reads them.
 
         Returns:
             Each rank's iterators by dataset name, in world-rank order.
         """
-        ranks = len(node_ids)
-        self.check_room(ranks)
-        if any(amount > 0 for amount in self._per_rank.values()):
-            self._reservation = RankReservation(self._per_rank, ranks)
-        per_rank = self.spec.config.configure(
-            datasets=dict(self.spec.datasets),
-            world_size=ranks,
-            worker_handles=None,
-            worker_node_ids=list(node_ids),
-        )
-        self._coordinators = _coordinators(per_rank)
+        num_ranks = len(node_ids)
+        self.check_room(num_ranks)
+        self._reserve(num_ranks)
+        per_rank: list[dict[str, DataIterator]] = [{} for _ in range(num_ranks)]
+        for name, dataset in self.spec.datasets.items():
+            made = self.spec.config.configure(
+                datasets={name: dataset},
+                world_size=num_ranks,
+                worker_handles=None if actors is None else list(actors),
+                worker_node_ids=list(node_ids),
+            )
+            self._coordinators.extend(_coordinators(made))
+            for mine, iterators in zip(per_rank, made, strict=True):
+                mine.update(iterators)
         return per_rank
 
-    def materialize(self, ranks: int | None) -> tuple[dict[str, tuple[Any, int]], dict[str, Any]]:
+    def _reserve(self, num_ranks: int) -> None:
+        if self._reservation is None and any(v > 0 for v in self._per_rank.values()):
+            self._reservation = RankReservation(self._per_rank, num_ranks)
+
+    def materialize(
+        self, num_ranks: int | None
+    ) -> tuple[dict[str, tuple[Any, int]], dict[str, Any]]:
         """The ordered split: each split dataset materialized in order, with its rows
         (held here until :meth:`close`), and each other dataset's whole iterator.
 
         Args:
-            ranks: The most ranks the job has, if known (for the room check).
+            num_ranks: The most ranks the job has, if known (the room check, the
+                reservation).
         """
-        if ranks is not None:
-            self.check_room(ranks)
-            if any(amount > 0 for amount in self._per_rank.values()):
-                self._reservation = RankReservation(self._per_rank, ranks)
+        if num_ranks is not None:
+            self.check_room(num_ranks)
+            self._reserve(num_ranks)
         ordered: dict[str, tuple[Any, int]] = {}
         whole: dict[str, Any] = {}
         for name, dataset in self.spec.datasets.items():
@@ -95,16 +111,19 @@ class DatasetFeed:
                 stops = [c.shutdown_executor.remote() for c in coordinators]
                 ray.wait(stops, num_returns=len(stops), timeout=SHUTDOWN_S)
                 for coordinator in coordinators:
-                    ray.kill(coordinator)
+                    try:
+                        ray.kill(coordinator)
+                    except Exception:  # noqa: BLE001 - the next one still goes
+                        logger.warning("could not end a split's coordinator", exc_info=True)
         finally:
             reservation, self._reservation = self._reservation, None
             if reservation is not None:
                 reservation.close()
 
-    def check_room(self, ranks: int) -> None:
+    def check_room(self, num_ranks: int) -> None:
         """Refuses (a local Ray) or warns of (a cluster) ranks that leave Ray Data no CPU
         (``budget.check_room``)."""
-        check_room(self._per_rank.get("CPU", 0.0), ranks)
+        check_room(self._per_rank.get("CPU", 0.0), num_ranks)
 
 
 def _coordinators(per_rank: list[dict[str, DataIterator]]) -> list[Any]:

@@ -18,16 +18,56 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    """The datasets of a job and how they are split.
+    """The datasets of a job and how they are split, checked when made.
 
     Attributes:
         datasets: Name -> the user's ``ray.data.Dataset``.
-        config: Ray Train's ``DataConfig``: which datasets are split over the ranks (the
-            others go whole to every rank), Ray Data's execution options, locality.
+        config: Ray Train's ``DataConfig`` (or ``horovod_ray.DataConfig``): which
+            datasets are split over the ranks (the others go whole to every rank), Ray
+            Data's execution options, locality, whether the split is resumable.
+
+    Raises:
+        ConfigError: A field that is not what it should be; the message says what.
     """
 
     datasets: Mapping[str, Dataset]
     config: DataConfig
+
+    def __post_init__(self) -> None:
+        datasets = self.datasets
+        if not isinstance(datasets, Mapping) or not datasets:
+            raise ConfigError(
+                "datasets",
+                "datasets must be a non-empty dict of name -> ray.data.Dataset, e.g. "
+                f"{{'train': ray.data.read_parquet(...)}}, got {datasets!r}",
+            )
+        from ray.data import Dataset
+        from ray.train import DataConfig
+
+        for name, dataset in datasets.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(
+                    "datasets", f"datasets' names must be non-empty str, got {name!r}"
+                )
+            if not isinstance(dataset, Dataset):
+                raise ConfigError(
+                    "datasets",
+                    f"datasets[{name!r}] must be a ray.data.Dataset (ray.data.read_*, "
+                    f"ray.data.from_*), got {type(dataset).__name__}",
+                )
+        if not isinstance(self.config, DataConfig):
+            raise ConfigError(
+                "data_config",
+                f"data_config must be a ray.train.DataConfig, got {type(self.config).__name__}",
+            )
+        object.__setattr__(self, "datasets", dict(datasets))
+        unknown = sorted(self.split - set(datasets))
+        if unknown:
+            raise ConfigError(
+                "data_config",
+                f"data_config splits {unknown}, which datasets does not have (it has "
+                f"{sorted(datasets)}): name only datasets' keys in datasets_to_split",
+            )
 
     @property
     def resumable(self) -> bool:
@@ -43,13 +83,12 @@ class DataSpec:
 
 
 def data_spec(datasets: object, data_config: object) -> DataSpec | None:
-    """Checks ``datasets`` and ``data_config`` as ``run()`` and ``RayExecutor`` take them.
-
-    Returns:
-        The spec, or None when no datasets are given.
+    """``datasets`` and ``data_config`` as ``run()``, ``RayExecutor`` and the Tune adapter
+    take them: None without datasets, else the checked spec (Ray's default
+    ``DataConfig()`` when none is given).
 
     Raises:
-        ConfigError: A parameter that is not what it should be; the message says what.
+        ConfigError: ``data_config`` without ``datasets``, or a bad field (``DataSpec``).
     """
     if datasets is None:
         if data_config is not None:
@@ -57,42 +96,14 @@ def data_spec(datasets: object, data_config: object) -> DataSpec | None:
                 "data_config", "data_config says how datasets are split: give datasets= too"
             )
         return None
-    if not isinstance(datasets, Mapping) or not datasets:
-        raise ConfigError(
-            "datasets",
-            "datasets must be a non-empty dict of name -> ray.data.Dataset, e.g. "
-            f"{{'train': ray.data.read_parquet(...)}}, got {datasets!r}",
-        )
-    from ray.data import Dataset
-    from ray.train import DataConfig
+    if data_config is None:
+        from ray.train import DataConfig
 
-    for name, dataset in datasets.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError("datasets", f"datasets' names must be non-empty str, got {name!r}")
-        if not isinstance(dataset, Dataset):
-            raise ConfigError(
-                "datasets",
-                f"datasets[{name!r}] must be a ray.data.Dataset (ray.data.read_*, "
-                f"ray.data.from_*), got {type(dataset).__name__}",
-            )
-    config = DataConfig() if data_config is None else data_config
-    if not isinstance(config, DataConfig):
-        raise ConfigError(
-            "data_config",
-            f"data_config must be a ray.train.DataConfig, got {type(data_config).__name__}",
-        )
-    spec = DataSpec(dict(datasets), config)
-    unknown = sorted(spec.split - set(datasets))
-    if unknown:
-        raise ConfigError(
-            "data_config",
-            f"data_config splits {unknown}, which datasets does not have (it has "
-            f"{sorted(datasets)}): name only datasets' keys in datasets_to_split",
-        )
-    return spec
+        data_config = DataConfig()
+    return DataSpec(datasets, data_config)  # type: ignore[arg-type]
 
 
-def check_rows(spec: DataSpec, ranks: int) -> None:
+def check_rows(spec: DataSpec, num_ranks: int) -> None:
     """Refuses a split dataset that is known, without running it, to have fewer rows than
     the job has ranks: each rank would get none. A dataset whose size Ray Data knows only
     once run (after a filter, say) is not counted here.
@@ -102,10 +113,10 @@ def check_rows(spec: DataSpec, ranks: int) -> None:
     """
     for name in sorted(spec.split):
         rows = known_rows(spec.datasets[name])
-        if rows is not None and rows < ranks:
+        if rows is not None and rows < num_ranks:
             raise ConfigError(
                 "datasets",
-                f"datasets[{name!r}] has {rows} rows for {ranks} ranks: each rank would "
+                f"datasets[{name!r}] has {rows} rows for {num_ranks} ranks: each rank would "
                 "get none; give it at least one row per rank, or leave it out of "
                 "DataConfig(datasets_to_split=...) so that every rank reads it whole",
             )

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
-
 from horovod_ray.checkpoints.job import JobCheckpoints
 from horovod_ray.data.feed import DatasetFeed
 from horovod_ray.data.spec import DataSpec, check_rows
@@ -110,14 +108,13 @@ class JobSides:
         ranks = kind.ranks
         check_rows(self._feed.spec, len(ranks))
         if self._feed.spec.resumable:
-            shards = self._ordered_shards(len(ranks))
-            per_rank = [shards] * len(ranks)
+            per_rank = [self._ordered_shards(len(ranks))] * len(ranks)
         else:
-            per_rank = self._feed.open([rank.node_id for rank in ranks])
-        ray.get([actor.take_datasets.remote(per_rank[i]) for i, actor in enumerate(kind.actors)])
+            per_rank = self._feed.open([rank.node_id for rank in ranks], kind.actors)
+        kind.give_datasets(per_rank)
 
-    def _ordered_shards(self, ranks: int | None) -> dict[str, Any]:
-        ordered, whole = self._feed.materialize(ranks)
+    def _ordered_shards(self, num_ranks: int | None) -> dict[str, Any]:
+        ordered, whole = self._feed.materialize(num_ranks)
         shards = {name: OrderedShard(name, data, rows) for name, (data, rows) in ordered.items()}
         return {**whole, **shards}
 

@@ -218,6 +218,19 @@ class StaticJob:
             for m, iface in zip(self.members, ifaces, strict=True)
         ]
 
+    def give_datasets(self, per_rank: list[dict[str, Any]]) -> None:
+        """Each rank's iterators over the job's datasets (``per_rank``, in world-rank
+        order), for ``get_dataset_shard``.
+
+        Raises:
+            WorkerFailedError: A rank died or failed to take them.
+        """
+        refs = [
+            m.actor.take_datasets.remote(shards)
+            for m, shards in zip(self.members, per_rank, strict=True)
+        ]
+        probe.get_all(refs, "take its datasets", [m.node.where for m in self.members])
+
     def started_message(self) -> str:
         """What start() logs: its phases, the rendezvous, the rank table."""
         host, port = self.held.rendezvous.address

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+from horovod_ray.errors import DatasetNotFoundError
 from horovod_ray.rank import metrics as rank_metrics
 
 if TYPE_CHECKING:
@@ -36,17 +37,18 @@ def get_dataset_shard(name: str) -> DataIterator:
     must start.
 
     Raises:
-        KeyError: The job has no dataset of that name (or no datasets at all).
+        DatasetNotFoundError: The job has no dataset of that name (or no datasets at
+            all); a ``KeyError``, as Ray Train raises.
     """
     shards = _shards
     if shards is None:
-        raise KeyError(
+        raise DatasetNotFoundError(
             f"get_dataset_shard({name!r}): this job was given no datasets; pass "
             f"datasets={{{name!r}: ray.data.Dataset}} to run(), RayExecutor or "
             "DistributedTrainableCreator (and call it on a rank)"
         )
     if name not in shards:
-        raise KeyError(
+        raise DatasetNotFoundError(
             f"get_dataset_shard({name!r}): the job's datasets are {sorted(shards)}; "
             "name one of them, or add it to datasets="
         )
@@ -56,12 +58,17 @@ def get_dataset_shard(name: str) -> DataIterator:
 def give(shards: Mapping[str, DataIterator] | None) -> None:
     """Sets this rank's iterators (None: the job has no datasets); each is timed."""
     global _shards
-    if shards is None:
-        _shards = None
-        return
-    for name, iterator in shards.items():
-        _time_waits(name, iterator)
-    _shards = dict(shards)
+    if shards is not None:
+        for name, iterator in shards.items():
+            if not isinstance(iterator.__dict__.get("_create_batch_iterator"), _Timed):
+                iterator._create_batch_iterator = _Timed(name, iterator._create_batch_iterator)
+        shards = dict(shards)
+    _shards = shards
+
+
+def current() -> dict[str, DataIterator] | None:
+    """This rank's iterators now (a local run keeps an enclosing rank's, to give back)."""
+    return _shards
 
 
 def waited_s() -> dict[str, float]:
@@ -70,16 +77,18 @@ def waited_s() -> dict[str, float]:
         return dict(_waited)
 
 
-def _time_waits(name: str, iterator: Any) -> None:
-    """Counts the time each ``next()`` on the iterator's batches takes. Every way of
-    iterating a ``DataIterator`` makes its batches with ``_create_batch_iterator`` (Ray's
-    PublicAPI hook for it): the iterator's own is wrapped."""
-    make: Callable[..., Any] = iterator._create_batch_iterator
+class _Timed:
+    """An iterator's ``_create_batch_iterator``, counting the time each ``next()`` on its
+    batches takes. Every way of iterating a ``DataIterator`` (``iter_batches``,
+    ``iter_torch_batches``, ``to_tf``, ...) makes its batches with it (a method of Ray's
+    marked PublicAPI, with a leading underscore): the iterator's own is wrapped, once. A
+    class, not a closure, so that the iterator still pickles."""
 
-    def create(*args: Any, **kwargs: Any) -> Iterator[Any]:
-        return _timed(name, make(*args, **kwargs))
+    def __init__(self, name: str, make: Callable[..., Any]) -> None:
+        self.name, self.make = name, make
 
-    iterator._create_batch_iterator = create
+    def __call__(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return _timed(self.name, self.make(*args, **kwargs))
 
 
 def _timed(name: str, batches: Any) -> Iterator[Any]:

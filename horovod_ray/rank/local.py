@@ -112,7 +112,7 @@ def run_here(
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
     logs._channel = _Direct(callbacks)
-    saved_shards = datasets._shards
+    saved_shards = datasets.current()
     feed = None if data is None else DatasetFeed(data, {})
     finished = False
     try:
@@ -120,6 +120,7 @@ def run_here(
             try:
                 if checkpoints is not None:
                     checkpoints.start()
+                datasets.give(None)  # an enclosing rank's are not this run's
                 if feed is not None:
                     check_rows(data, 1)
                     datasets.give(_one_ranks_shards(feed))

@@ -38,3 +38,14 @@ def test_the_ranks_are_registered_with_ray_datas_coordinator_until_closed(caplog
         reservation.close()
     assert _reserved(reservation.requester_id) == {}
     reservation.close()  # once
+
+
+def test_ranks_with_gpus_are_registered_too(caplog):
+    """Ray's ScalingConfig refuses GPUs without use_gpu=True: a GPU job's ranks once
+    went unregistered, with only a warning."""
+    with caplog.at_level(logging.WARNING, logger="horovod_ray.data.budget"):
+        reservation = RankReservation({"CPU": 1.0, "GPU": 1.0}, 2)
+    try:
+        assert not caplog.records, [r.getMessage() for r in caplog.records]
+    finally:
+        reservation.close()

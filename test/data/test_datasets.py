@@ -13,6 +13,7 @@ import time
 import pytest
 import ray
 import ray.train
+from ray.util import state as ray_state
 
 import horovod_ray
 from horovod_ray import ConfigError, RayExecutor, WorkerFailedError
@@ -38,7 +39,20 @@ def _coordinators() -> list:
 
 
 def _no_coordinator_left() -> bool:
-    return wait_until(lambda: not _coordinators(), timeout_s=20)
+    """No split's coordinator is left, and each one ended was ended by the job
+    (``ray.kill``), not by Ray once nothing referred to it any more."""
+    if not wait_until(lambda: not _coordinators(), timeout_s=20):
+        return False
+    ended = ray_state.list_actors(
+        address=ray.get_runtime_context().gcs_address,
+        filters=[("class_name", "=", "SplitCoordinator")],
+        detail=True, limit=10_000, raise_on_missing_output=False,
+    )  # fmt: skip
+    causes = {
+        ((a.death_cause or {}).get("actor_died_error_context") or {}).get("reason") for a in ended
+    }
+    assert causes <= {"RAY_KILL"}, causes
+    return True
 
 
 def train_epochs(epochs: int):
@@ -149,8 +163,10 @@ def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
 
     executor = RayExecutor(num_workers=2, datasets={"train": ray.data.range(100)})
     executor.start()
+    requester = executor._sides._feed._reservation.requester_id
     try:
         assert wait_until(lambda: len(_coordinators()) == 1)
+        assert _reserved_cpus(requester) == 2  # the ranks' CPUs, kept from Ray Data
         for _ in range(2):
             first, second = executor.run(one_epoch)
             assert len(first) == len(second) == 50
@@ -158,6 +174,17 @@ def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
     finally:
         executor.stop()
     assert _no_coordinator_left()
+    assert _reserved_cpus(requester) == 0  # taken out with the job
+
+
+def _reserved_cpus(requester_id: str) -> float:
+    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+        get_or_create_autoscaling_coordinator,
+    )
+
+    coordinator = get_or_create_autoscaling_coordinator()
+    reserved = ray.get(coordinator.get_reserved_resources.remote(requester_id, recompute=True))
+    return sum(node.get("CPU", 0) for node in reserved.values())
 
 
 def test_a_rank_asking_for_a_dataset_it_was_not_given_is_told_which_it_has():
@@ -180,8 +207,21 @@ def test_a_local_run_reads_the_whole_dataset():
 
     (rows,) = horovod_ray.run(read_all, local=True, datasets={"train": ray.data.range(ROWS)})
     assert rows == list(range(ROWS))
+
+    def nested():
+        # A local run inside one with datasets is a job of its own, without them; the
+        # outer one's are back once it returns.
+        (inner,) = horovod_ray.run(lambda: horovod_ray.get_dataset_shard.__name__, local=True)
+        try:
+            horovod_ray.run(lambda: horovod_ray.get_dataset_shard("train"), local=True)
+        except horovod_ray.DatasetNotFoundError as err:
+            return inner, str(err), read_all()[:3]
+
+    (outcome,) = horovod_ray.run(nested, local=True, datasets={"train": ray.data.range(10)})
+    assert outcome[0] == "get_dataset_shard" and "no datasets" in outcome[1]
+    assert outcome[2] == [0, 1, 2]
     assert _no_coordinator_left()
-    with pytest.raises(KeyError, match="no datasets"):
+    with pytest.raises(KeyError, match="no datasets"):  # a DatasetNotFoundError
         horovod_ray.get_dataset_shard("train")  # the local run's datasets went with it
 
 

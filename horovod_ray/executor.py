@@ -9,7 +9,7 @@ admits the calls (``lifecycle.CallGate``); a kind of job (``kinds.JobKind``: ``s
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import ray
 from ray.util.placement_group import PlacementGroup
@@ -164,22 +164,22 @@ class RayExecutor:
     @property
     def num_workers(self) -> int:
         """Number of ranks of the running job."""
-        return len(self._running("num_workers").ranks)
+        return len(self._held("num_workers").ranks)
 
     @property
     def ranks(self) -> list[RankInfo]:
         """Each rank's identity, in world-rank order."""
-        return self._running("ranks").ranks
+        return self._held("ranks").ranks
 
     @property
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, port) of the job's Gloo rendezvous server."""
-        return self._running("rendezvous_address").rendezvous_address
+        return self._held("rendezvous_address").rendezvous_address
 
     @property
     def placement_group(self) -> PlacementGroup | None:
         """The placement group the ranks run in."""
-        return self._running("placement_group").placement_group
+        return self._held("placement_group").placement_group
 
     def stacks(self, timeout_s: float = STACKS_TIMEOUT_S) -> dict[int, str]:
         """Every rank's Python stacks now (all threads, file:line and function), also
@@ -190,7 +190,7 @@ class RayExecutor:
             World rank -> its stacks; a rank that does not answer within ``timeout_s``
             gets a line saying so.
         """
-        return self._running("stacks").stacks(timeout_s)
+        return self._held("stacks").stacks(timeout_s)
 
     def __repr__(self) -> str:
         return f"RayExecutor(state={self.state.value}, layout={self.layout})"
@@ -340,7 +340,7 @@ class RayExecutor:
             there as Ray errors (use ``run`` for WorkerFailedError and cleanup).
         """
         call = calls.prepare(fn, args, kwargs)
-        return self._running("run_remote", call).send(call)
+        return self._held("run_remote", call).send(call)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Runs ``fn(executable)`` on rank 0 only.
@@ -405,6 +405,11 @@ class RayExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+    def _held(self, action: str, call: calls.Call | None = None) -> kinds.HeldJob:
+        """The job, as :meth:`_running` gives it, for what only a kind that holds its
+        ranks does: the kind's ``refuse`` has kept ``action`` off any other."""
+        return cast(kinds.HeldJob, self._running(action, call))
 
     def _running(
         self, action: str, call: calls.Call | None = None, counted: bool = False

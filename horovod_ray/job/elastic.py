@@ -18,7 +18,6 @@ from horovod_ray.errors import ExecutorStateError, HorovodRayError
 from horovod_ray.job.elastic_run import ElasticRun
 from horovod_ray.job.layouts import ElasticLayout, WorkerLayout
 from horovod_ray.rank import calls
-from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -123,24 +122,6 @@ class ElasticJob:
         finally:
             with self._lock:
                 self._current = None
-
-    def send(self, call: calls.Call) -> Any:
-        raise AssertionError("refuse() keeps run_remote() off an elastic job")
-
-    def stacks(self, timeout_s: float) -> dict[int, str]:
-        raise AssertionError("refuse() keeps stacks() off an elastic job")
-
-    @property
-    def ranks(self) -> list[RankInfo]:
-        raise AssertionError("refuse() keeps questions about ranks off an elastic job")
-
-    @property
-    def rendezvous_address(self) -> tuple[str, int]:
-        raise AssertionError("refuse() keeps questions about the rendezvous off an elastic job")
-
-    @property
-    def placement_group(self) -> Any:
-        raise AssertionError("refuse() keeps questions about placement off an elastic job")
 
     def stop(self, grace_s: float) -> None:
         """Ends a run in progress (its run() raises in the caller's thread) and waits."""

@@ -9,6 +9,10 @@ kind's, behind :class:`JobKind`:
 * ``elastic.ElasticJob`` (``min_workers``): takes nothing at start; each ``run()``
   lets horovod's elastic driver decide the world; refuses every other call.
 
+What only a job that holds its ranks can answer (their records, their stacks, its
+rendezvous and placement group, a call sent without waiting) is :class:`HeldJob`'s; each
+kind implements its protocol whole.
+
 Both bring their ranks up the same way (``bringup``) and leave the decision of who
 failed to ``failures``.
 """
@@ -65,11 +69,22 @@ class JobKind(Protocol):
         already being stopped), and it need not find out who failed. For anything else
         (Ctrl-C, a callback) the executor stops the job."""
 
-    def send(self, call: Call) -> list[ray.ObjectRef]:
-        """Starts an admitted call on every rank without waiting."""
-
     def stop(self, grace_s: float) -> None:
         """Releases everything; idempotent, from any thread."""
+
+    def give_datasets(self, shards: Any) -> None:
+        """Hands the ranks their iterators over the job's datasets (``JobSides``): a
+        static job each rank its own, now; an elastic one the same to every rank, as
+        each slot is set up."""
+
+
+class HeldJob(JobKind, Protocol):
+    """A kind that holds its ranks from start to stop (``static.StaticJob``), and so can
+    answer what they are and run a call without waiting: what ``refuse`` keeps away
+    from an elastic job, whose world is horovod's to change."""
+
+    def send(self, call: Call) -> list[ray.ObjectRef]:
+        """Starts an admitted call on every rank without waiting."""
 
     def stacks(self, timeout_s: float) -> dict[int, str]:
         """Every rank's Python stacks, by world rank."""

@@ -178,3 +178,34 @@ def test_every_module_the_architecture_page_names_exists():
     missing = [n for n in sorted(named) if not (ROOT / "horovod_ray" / f"{n}.py").exists()]
     missing = [n for n in missing if not (ROOT / f"{n}.py").exists()]  # test/..., bench/...
     assert missing == []
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """Where ``path`` uses a private name (``_x``) of another horovod_ray module: imported
+    by name, or read off a horovod_ray module or name it imported."""
+    tree = ast.parse(path.read_text(), str(path))
+    imported: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("horovod_ray"):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.name}:{node.lineno} imports {alias.name}")
+                    imported.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in imported
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{path.name}:{node.lineno} reads {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_reaches_into_another_ones_private_names():
+    """A module's private names are its own: another one asks through a function."""
+    found = [reach for path in PACKAGE.rglob("*.py") for reach in _private_reaches(path)]
+    assert found == []

@@ -99,8 +99,9 @@ def get_context() -> TrainContext:
     Raises:
         HorovodRayError: Not on a rank of a horovod_ray job.
     """
-    if report._tune_session is not None:
-        return TuneContext(report._tune_session)
+    session = report.tune_session()
+    if session is not None:
+        return TuneContext(session)
     if JOB_ID_ENV not in os.environ:
         raise HorovodRayError(
             "get_context() answers on a rank of a horovod_ray job: inside the function "

@@ -106,12 +106,11 @@ def run_here(
     rank_env = {**rank_env, **env}
     rank_env.pop(TIMELINE_ENV, None)
     saved = {key: os.environ.get(key) for key in {*rank_env, *_OUTER}}
-    saved_channel = logs._channel
     running_before = frameworks.running()
     for key in _OUTER:
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
-    logs._channel = _Direct(callbacks)
+    saved_channel = logs.swap_channel(_Direct(callbacks))
     saved_shards = datasets.current()
     feed = None if data is None else DatasetFeed(data, {})
     finished = False
@@ -130,7 +129,7 @@ def run_here(
                 return [result]
             finally:
                 try:
-                    logs._channel = saved_channel
+                    logs.swap_channel(saved_channel)
                     for key, value in saved.items():
                         if value is None:
                             os.environ.pop(key, None)

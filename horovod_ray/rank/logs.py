@@ -115,7 +115,15 @@ _channel: LogChannel | None = None
 _elastic = False
 
 
-def _rank_now() -> int:
+def swap_channel(channel: Any) -> Any:
+    """Makes ``channel`` this process's way for ``log()`` dicts (``rank/local``: straight to
+    the callbacks) and returns the one it replaces, to put back."""
+    global _channel
+    previous, _channel = _channel, channel
+    return previous
+
+
+def rank_now() -> int:
     """This process's rank now: horovod's (an elastic reset may change it) or its first."""
     for name in ("horovod.tensorflow", "horovod.torch"):
         module = sys.modules.get(name)
@@ -168,7 +176,7 @@ def log_any_rank(metrics: Mapping[str, Any]) -> None:
 def post(item: object) -> None:
     """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
     channel = _channel
-    if channel is not None and (not _elastic or _rank_now() == 0):
+    if channel is not None and (not _elastic or rank_now() == 0):
         channel.put(item)
 
 
@@ -181,7 +189,7 @@ def post_and_wait_delivered(item: object) -> None:
     callback raised stops polling, and the job is then stopped with the caller in here.
     """
     channel = _channel
-    if channel is not None and (not _elastic or _rank_now() == 0):
+    if channel is not None and (not _elastic or rank_now() == 0):
         channel.put_and_wait_delivered(item)
 
 

@@ -20,7 +20,7 @@ from horovod_ray.checkpoints.metrics import flatten
 from horovod_ray.observe import core, registry
 from horovod_ray.observe.job import JOB_ID_ENV, JOB_NAME_ENV, METRICS_ENV
 from horovod_ray.observe.record import Recorder
-from horovod_ray.rank.logs import _rank_now
+from horovod_ray.rank.logs import rank_now
 from horovod_ray.stack.build import core_counters
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class RankTelemetry:
     """
 
     def __init__(self, job_name: str, job_id: str, node: str, values: bool) -> None:
-        self._rank = _rank_now()
+        self._rank = rank_now()
         self.job_id = job_id
         self.recorder = Recorder(
             {"job_name": job_name, "job_id": job_id, "rank": str(self._rank), "node": node}
@@ -144,7 +144,7 @@ class RankTelemetry:
 
     def sample(self) -> None:
         """Records what changed since the last sample."""
-        rank = _rank_now()
+        rank = rank_now()
         if rank != self._rank:  # an elastic reset renumbered the ranks
             self._rank = rank
             self.recorder.relabel(rank=str(rank))

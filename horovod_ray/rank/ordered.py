@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from ray.data import DataIterator
 
 from horovod_ray.data.ledger import Ledger, whole
-from horovod_ray.rank.logs import _rank_now
+from horovod_ray.rank.logs import rank_now
 
 if TYPE_CHECKING:
     from ray.data import Dataset, MaterializedDataset
@@ -99,7 +99,7 @@ class OrderedShard(DataIterator):
         return self._dataset.context
 
     def _get_dataset_tag(self) -> dict[str, str | None]:
-        return {"dataset": self._name, "split_index": str(_rank_now())}
+        return {"dataset": self._name, "split_index": str(rank_now())}
 
     def __repr__(self) -> str:
         return f"OrderedShard({self._name!r}, rows={self._rows})"
@@ -108,7 +108,7 @@ class OrderedShard(DataIterator):
 
     def _begin_pass(self) -> Dataset:
         """The ledger of the pass that starts now, and this rank's rows of it."""
-        world, rank = _size_now(), _rank_now()
+        world, rank = _size_now(), rank_now()
         with self._lock:
             if self._loaded is not None:
                 ledger, self._loaded = self._loaded.resplit(world), None

@@ -137,7 +137,7 @@ def report(
     request = validations.task_request(
         validation, checkpoint is not None, os.environ.get(validations.VALIDATION_ENV) == "1"
     )
-    if not _apart and logs._rank_now() != 0:
+    if not _apart and logs.rank_now() != 0:
         dropped.drop(checkpoint if delete_local else None)
         return
     uploader = _rank_uploader()
@@ -325,6 +325,11 @@ def apart() -> Iterator[None]:
             close_uploader()
         finally:
             _uploader, _tune_session = outer
+
+
+def tune_session() -> Any:
+    """The Tune trial's session this process's reports go to, or None."""
+    return _tune_session
 
 
 def use_tune_session(session: Any) -> None:

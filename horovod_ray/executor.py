@@ -8,14 +8,15 @@ admits the calls (``lifecycle.CallGate``); a kind of job (``kinds.JobKind``: ``s
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.data.spec import data_spec
-from horovod_ray.errors import ExecutorStateError, start_error
+from horovod_ray.errors import ExecutorStateError
 from horovod_ray.job import kinds
 from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
@@ -23,7 +24,6 @@ from horovod_ray.job.lifecycle import (
     Cancel,
     ExecutorState,
     Lifecycle,
-    state_hint,
 )
 from horovod_ray.job.sides import JobSides
 from horovod_ray.rank import calls
@@ -83,13 +83,10 @@ class RayExecutor:
             host), with a DeprecationWarning.
         cpus_per_slot: The same for ``cpus_per_worker``.
         gpus_per_slot: The same for ``gpus_per_worker``.
-        datasets: Ray Data for the ranks, as Ray Train's ``datasets=``: name ->
-            ``ray.data.Dataset``. Split over the ranks as the job starts (equal rows per
-            rank, each rank's part read on its node where Ray can); a rank takes its part
-            with ``horovod_ray.get_dataset_shard(name)``. An elastic job (which needs
-            ``max_workers`` then) splits in order, its position resumable (docs/data.rst).
-        data_config: A ``ray.train.DataConfig``: which datasets are split (the others
-            go whole to every rank), Ray Data's execution options.
+        datasets: Ray Data for the ranks (name -> ``ray.data.Dataset``), split over
+            them as the job starts; as ``run()``'s (docs/data.rst).
+        data_config: A ``ray.train.DataConfig`` or ``horovod_ray.DataConfig``; as
+            ``run()``'s.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -145,7 +142,7 @@ class RayExecutor:
         self._lifecycle = Lifecycle(
             on_change=lambda state: self._sides.telemetry.state(state.value)
         )
-        self._calls = CallGate(self._lifecycle)
+        self._calls = CallGate(self._lifecycle, self._job)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
 
@@ -164,22 +161,22 @@ class RayExecutor:
     @property
     def num_workers(self) -> int:
         """Number of ranks of the running job."""
-        return len(self._held("num_workers").ranks)
+        return len(self._calls.held("num_workers").ranks)
 
     @property
     def ranks(self) -> list[RankInfo]:
         """Each rank's identity, in world-rank order."""
-        return self._held("ranks").ranks
+        return self._calls.held("ranks").ranks
 
     @property
     def rendezvous_address(self) -> tuple[str, int]:
         """(host, port) of the job's Gloo rendezvous server."""
-        return self._held("rendezvous_address").rendezvous_address
+        return self._calls.held("rendezvous_address").rendezvous_address
 
     @property
     def placement_group(self) -> PlacementGroup | None:
         """The placement group the ranks run in."""
-        return self._held("placement_group").placement_group
+        return self._calls.held("placement_group").placement_group
 
     def stacks(self, timeout_s: float = STACKS_TIMEOUT_S) -> dict[int, str]:
         """Every rank's Python stacks now (all threads, file:line and function), also
@@ -190,7 +187,7 @@ class RayExecutor:
             World rank -> its stacks; a rank that does not answer within ``timeout_s``
             gets a line saying so.
         """
-        return self._held("stacks").stacks(timeout_s)
+        return self._calls.held("stacks").stacks(timeout_s)
 
     def __repr__(self) -> str:
         return f"RayExecutor(state={self.state.value}, layout={self.layout})"
@@ -249,15 +246,9 @@ class RayExecutor:
             kind.start(env, executable, self._cancel.check)
             self._cancel.check()
             self._sides.started(kind)  # within the rollback: the ranks are up now
-        except BaseException as err:
-            cancelled = self._cancel.is_set()
-            self._lifecycle.finish_start(lambda: self._release(grace_s=0), cancelled)
-            error = start_error(err, cancelled)
-            if isinstance(error, KeyboardInterrupt):
-                raise error from None
-            if error is err:
-                raise  # the error start() met, as it was
-            raise error from err
+        except BaseException as err:  # noqa: BLE001 - fail_start re-raises it, or what it became
+            release = functools.partial(self._release, grace_s=0)
+            self._lifecycle.fail_start(err, release, self._cancel.is_set())
         self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
         if (message := kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
@@ -340,7 +331,7 @@ class RayExecutor:
             there as Ray errors (use ``run`` for WorkerFailedError and cleanup).
         """
         call = calls.prepare(fn, args, kwargs)
-        return self._held("run_remote", call).send(call)
+        return self._calls.held("run_remote", call).send(call)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """Runs ``fn(executable)`` on rank 0 only.
@@ -365,7 +356,7 @@ class RayExecutor:
         """Admits ``call`` and runs ``body(kind, failing)`` as one call in flight
         (``CallGate.run``): on any failure the job is stopped, ends FAILED, and the error
         is re-raised."""
-        kind = self._running(action, call, counted=True)
+        kind = self._calls.job(action, call, counted=True)
         return self._calls.run(
             action, lambda failing: body(kind, failing), lambda: self._release(grace_s=0)
         )
@@ -405,20 +396,3 @@ class RayExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    def _held(self, action: str, call: calls.Call | None = None) -> kinds.HeldJob:
-        """The job, as :meth:`_running` gives it, for what only a kind that holds its
-        ranks does: the kind's ``refuse`` has kept ``action`` off any other."""
-        return cast(kinds.HeldJob, self._running(action, call))
-
-    def _running(
-        self, action: str, call: calls.Call | None = None, counted: bool = False
-    ) -> kinds.JobKind:
-        """The job, if it can take ``action`` now (a ``call`` is then admitted, and with
-        ``counted`` it is in flight until the caller takes it off)."""
-        kind = self._job
-        kind.refuse(action, call)
-        state = self._calls.admit(kind.admit if call is not None else None, counted)
-        if state is ExecutorState.RUNNING:
-            return kind
-        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")

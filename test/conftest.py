@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -199,6 +203,26 @@ def all_placement_groups() -> list:
 def live_placement_groups() -> list:
     groups = ray_state.list_placement_groups(address=_this_cluster(), raise_on_missing_output=False)
     return [g for g in groups if g.state not in ("REMOVED",)]
+
+
+@contextlib.contextmanager
+def ctrl_c_once() -> Iterator[tuple]:
+    """(a callback that interrupts the main thread the first time it is called, the event
+    set then), with Python's SIGINT handler meanwhile, as a terminal's Ctrl-C: even where
+    the run was started with SIGINT ignored (a shell's background job), which makes
+    ``interrupt_main()`` a no-op."""
+    interrupted = threading.Event()
+
+    def interrupt(_item: object) -> None:
+        if not interrupted.is_set():
+            interrupted.set()
+            _thread.interrupt_main()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield interrupt, interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.2):

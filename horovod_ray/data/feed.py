@@ -56,8 +56,7 @@ class DatasetFeed:
             Each rank's iterators by dataset name, in world-rank order.
         """
         num_ranks = len(node_ids)
-        self.check_room(num_ranks)
-        self._reserve(num_ranks)
+        self._claim(num_ranks)
         per_rank: list[dict[str, DataIterator]] = [{} for _ in range(num_ranks)]
         for name, dataset in self.spec.datasets.items():
             made = self.spec.config.configure(
@@ -71,7 +70,10 @@ class DatasetFeed:
                 mine.update(iterators)
         return per_rank
 
-    def _reserve(self, num_ranks: int) -> None:
+    def _claim(self, num_ranks: int) -> None:
+        """Room for Ray Data beside ``num_ranks`` ranks (:meth:`check_room`), then the
+        ranks' resources reserved out of its budget (once)."""
+        self.check_room(num_ranks)
         if self._reservation is None and any(v > 0 for v in self._per_rank.values()):
             self._reservation = RankReservation(self._per_rank, num_ranks)
 
@@ -86,8 +88,7 @@ class DatasetFeed:
                 reservation).
         """
         if num_ranks is not None:
-            self.check_room(num_ranks)
-            self._reserve(num_ranks)
+            self._claim(num_ranks)
         ordered: dict[str, tuple[Any, int]] = {}
         whole: dict[str, Any] = {}
         for name, dataset in self.spec.datasets.items():

@@ -12,9 +12,12 @@ import enum
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NoReturn, TypeVar, cast
 
-from horovod_ray.errors import ExecutorStateError, StartCancelledError, interrupt_in
+from horovod_ray.errors import ExecutorStateError, StartCancelledError, interrupt_in, start_error
+
+if TYPE_CHECKING:
+    from horovod_ray.job.kinds import HeldJob, JobKind
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +159,20 @@ class Lifecycle:
             final = ExecutorState.STOPPED if cancelled else ExecutorState.FAILED
             self.transition([ExecutorState.STARTING], final)
 
+    def fail_start(
+        self, err: BaseException, release: Callable[[], None], cancelled: bool
+    ) -> NoReturn:
+        """:meth:`finish_start`, then raises what the caller of start() sees
+        (``errors.start_error``): ``err`` itself, a ``KeyboardInterrupt``, or the error
+        it became, from ``err``."""
+        self.finish_start(release, cancelled)
+        error = start_error(err, cancelled)
+        if isinstance(error, KeyboardInterrupt):
+            raise error from None
+        if error is err:
+            raise err  # the error start() met, as it was
+        raise error from err
+
     def end(self, release: Callable[[], None], final: ExecutorState) -> None:
         """From STOPPING (the caller moved there, under its own lock): ``release()``, then
         ``final`` (STOPPED or FAILED) whatever it raised."""
@@ -172,10 +189,13 @@ class CallGate:
 
     Args:
         lifecycle: The executor's lifecycle.
+        kind: The executor's job (``kinds.JobKind``), for :meth:`job`; None where only
+            :meth:`admit` is used.
     """
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, kind: JobKind | None = None) -> None:
         self._lifecycle = lifecycle
+        self._kind = kind
         self._lock = threading.RLock()
         self._in_flight = 0
 
@@ -191,6 +211,26 @@ class CallGate:
                 if counted:
                     self._in_flight += 1
             return state
+
+    def job(self, action: str, call: Any = None, counted: bool = False) -> JobKind:
+        """The executor's job (``kind``), if it can take ``action`` now: the kind does
+        not refuse it and the job is RUNNING (a ``call`` is then admitted, and with
+        ``counted`` it is in flight until :meth:`done`).
+
+        Raises:
+            ExecutorStateError: The kind refuses ``action``, or the job is not running.
+        """
+        kind = self._kind
+        kind.refuse(action, call)
+        state = self.admit(kind.admit if call is not None else None, counted)
+        if state is ExecutorState.RUNNING:
+            return kind
+        raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")
+
+    def held(self, action: str, call: Any = None) -> HeldJob:
+        """:meth:`job`, for what only a kind that holds its ranks does: the kind's
+        ``refuse`` has kept ``action`` off any other."""
+        return cast("HeldJob", self.job(action, call))
 
     def done(self) -> None:
         """A counted call ended."""

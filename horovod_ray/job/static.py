@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -32,15 +31,12 @@ from horovod_ray.failures import attribution, hangs, probe
 from horovod_ray.job import bringup, draining, placement
 from horovod_ray.job.held import Held, Rendezvous, release
 from horovod_ray.job.layouts import WorkerLayout
-from horovod_ray.rank import calls, logs, network, priority
+from horovod_ray.rank import calls, logs, network, priority, timeline
 from horovod_ray.rank.assignment import RankInfo, WorkerRecord, assign_ranks
 from horovod_ray.rank.network import NodeFacts
 from horovod_ray.rendezvous.cluster import ClusterRendezvous
 from horovod_ray.rendezvous.server import RendezvousServer
 from horovod_ray.settings import Settings
-
-# Longest the driver waits for rank 0's timeline file as the job stops.
-TAKE_FILE_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -388,25 +384,7 @@ class StaticJob:
                 return
             self._released = True
             try:
-                self._bring_timeline()
+                if self._settings.timeline is not None and self.members:
+                    timeline.bring(self.members[0].actor, self._settings.timeline)
             finally:
                 release(self.held, grace_s)
-
-    def _bring_timeline(self) -> None:
-        """Writes rank 0's timeline to ``settings.timeline`` on the driver; what goes wrong
-        is a warning (the job is being stopped either way)."""
-        target = self._settings.timeline
-        if target is None or not self.members:
-            return
-        try:
-            data = ray.get(self.members[0].actor.take_timeline.remote(), timeout=TAKE_FILE_S)
-            if data is None:
-                logger.warning("rank 0 wrote no timeline: did the job call hvd.init()?")
-                return
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as handle:
-                handle.write(data)
-        except Exception as err:  # noqa: BLE001 - never in the way of the release
-            logger.warning("horovod's timeline was not written to %s: %s", target, err)
-            return
-        logger.info("horovod's timeline: %s", target)

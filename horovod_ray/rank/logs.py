@@ -125,14 +125,24 @@ def swap_channel(channel: Any) -> Any:
 
 def rank_now() -> int:
     """This process's rank now: horovod's (an elastic reset may change it) or its first."""
+    return _horovod_now("rank", "HOROVOD_RANK", 0)
+
+
+def size_now() -> int:
+    """The world's size now: horovod's (an elastic reset may change it) or the job's first."""
+    return _horovod_now("size", "HOROVOD_SIZE", 1)
+
+
+def _horovod_now(what: str, env: str, default: int) -> int:
+    """``hvd.<what>()`` of whichever framework's horovod is initialised, else ``env``."""
     for name in ("horovod.tensorflow", "horovod.torch"):
         module = sys.modules.get(name)
         if module is not None:
             try:
-                return int(module.rank())
+                return int(getattr(module, what)())
             except Exception:  # noqa: BLE001 - not initialised under that framework
                 continue
-    return int(os.environ.get("HOROVOD_RANK", "0"))
+    return int(os.environ.get(env, str(default)))
 
 
 def log(metrics: Mapping[str, Any]) -> None:

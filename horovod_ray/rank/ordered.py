@@ -10,15 +10,13 @@ reset cuts its part as the others do.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from ray.data import DataIterator
 
 from horovod_ray.data.ledger import Ledger, whole
-from horovod_ray.rank.logs import rank_now
+from horovod_ray.rank.logs import rank_now, size_now
 
 if TYPE_CHECKING:
     from ray.data import Dataset, MaterializedDataset
@@ -66,7 +64,7 @@ class OrderedShard(DataIterator):
         with self._lock:
             ledger = self._loaded or self._ledger
             if ledger is None:
-                ledger = Ledger(self._rows, 0, whole(self._rows), _size_now())
+                ledger = Ledger(self._rows, 0, whole(self._rows), size_now())
             return ledger.as_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -108,7 +106,7 @@ class OrderedShard(DataIterator):
 
     def _begin_pass(self) -> Dataset:
         """The ledger of the pass that starts now, and this rank's rows of it."""
-        world, rank = _size_now(), rank_now()
+        world, rank = size_now(), rank_now()
         with self._lock:
             if self._loaded is not None:
                 ledger, self._loaded = self._loaded.resplit(world), None
@@ -147,15 +145,3 @@ def _batch_rows(batch: Any) -> int:
     if hasattr(batch, "num_rows"):
         return int(batch.num_rows)
     return len(batch)
-
-
-def _size_now() -> int:
-    """horovod's world size now (an elastic reset may change it), or the job's first."""
-    for name in ("horovod.tensorflow", "horovod.torch"):
-        module = sys.modules.get(name)
-        if module is not None:
-            try:
-                return int(module.size())
-            except Exception:  # noqa: BLE001 - not initialised under that framework
-                continue
-    return int(os.environ.get("HOROVOD_SIZE", "1"))

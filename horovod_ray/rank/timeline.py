@@ -3,8 +3,9 @@
 The driver asks for it (``TIMELINE_ENV``); each rank picks a file in its own node's
 temporary folder (horovod writes only rank 0's), unless ``HOROVOD_TIMELINE`` already
 names one. The file is handed to the driver as the job stops (``Worker.take_timeline``,
-after horovod's shutdown has written it whole) and removed if it is this package's;
-one left by a killed rank is removed by the next rank started on its node.
+after horovod's shutdown has written it whole), written to the driver's path
+(:func:`bring`, the driver's half) and removed if it is this package's; one left by a
+killed rank is removed by the next rank started on its node.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import tempfile
 import threading
+from typing import Any
 
 from horovod_ray.checkpoints.leftovers import owned, sweep_stale
 from horovod_ray.rank import frameworks
@@ -26,6 +28,8 @@ PREFIX = "horovod_ray-timeline-"
 
 # Longest the hand-over waits for horovod's shutdown (the driver waits 10 s for it).
 SHUTDOWN_WAIT_S = 5.0
+# Longest the driver waits for rank 0's timeline file as the job stops (bring()).
+TAKE_FILE_S = 10.0
 
 _path: str | None = None
 _ours = False
@@ -73,3 +77,23 @@ def _shut_down() -> None:
         frameworks.shut_down()
     except Exception:  # noqa: BLE001 - the file is read all the same
         logger.debug("horovod's shutdown before the timeline's hand-over failed", exc_info=True)
+
+
+def bring(rank0: Any, target: str) -> None:
+    """The driver's half: writes rank 0's timeline (its actor's :func:`take`) to ``target``
+    as a static job stops; what goes wrong is a warning (the job is being stopped either
+    way)."""
+    import ray
+
+    try:
+        data = ray.get(rank0.take_timeline.remote(), timeout=TAKE_FILE_S)
+        if data is None:
+            logger.warning("rank 0 wrote no timeline: did the job call hvd.init()?")
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as handle:
+            handle.write(data)
+    except Exception as err:  # noqa: BLE001 - never in the way of the release
+        logger.warning("horovod's timeline was not written to %s: %s", target, err)
+        return
+    logger.info("horovod's timeline: %s", target)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-import ray
 
 from horovod_ray.data.budget import RankReservation
 from test.conftest import start_local_ray
+from test.data.ray_data import reserved_cpus
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -18,25 +18,15 @@ def local_ray():
     start_local_ray(4)
 
 
-def _reserved(requester_id: str) -> dict:
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
-
-    coordinator = get_or_create_autoscaling_coordinator()
-    return ray.get(coordinator.get_reserved_resources.remote(requester_id, recompute=True))
-
-
 def test_the_ranks_are_registered_with_ray_datas_coordinator_until_closed(caplog):
     with caplog.at_level(logging.WARNING, logger="horovod_ray.data.budget"):
         reservation = RankReservation({"CPU": 1.0}, 2)
     assert not caplog.records  # Ray took it: no "could not keep ... out" warning
     try:
-        reserved = _reserved(reservation.requester_id)
-        assert sum(node.get("CPU", 0) for node in reserved.values()) == 2
+        assert reserved_cpus(reservation.requester_id) == 2
     finally:
         reservation.close()
-    assert _reserved(reservation.requester_id) == {}
+    assert reserved_cpus(reservation.requester_id) == 0
     reservation.close()  # once
 
 

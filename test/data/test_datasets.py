@@ -4,10 +4,7 @@ split released with the job whatever ends it, bad input refused before anything 
 
 from __future__ import annotations
 
-import _thread
 import re
-import signal
-import threading
 import time
 
 import pytest
@@ -18,7 +15,8 @@ from ray.util import state as ray_state
 import horovod_ray
 from horovod_ray import ConfigError, RayExecutor, WorkerFailedError
 from horovod_ray.data.budget import RankReservation
-from test.conftest import alive_actors, all_actors, start_local_ray, wait_until
+from test.conftest import alive_actors, all_actors, ctrl_c_once, start_local_ray, wait_until
+from test.data.ray_data import reserved_cpus
 
 ROWS = 1001  # odd: two ranks cannot split it evenly
 BATCH = 64
@@ -131,24 +129,13 @@ def read_then_wait():
 
 
 def test_ctrl_c_in_the_driver_releases_the_split():
-    interrupted = threading.Event()
-
-    def interrupt_once(metrics):
-        if not interrupted.is_set():
-            interrupted.set()
-            _thread.interrupt_main()
-
-    # As a terminal's Ctrl-C (see test/faults: a shell's background job ignores SIGINT).
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    with ctrl_c_once() as (interrupt_once, interrupted):
         with pytest.raises(KeyboardInterrupt):
             horovod_ray.run(
                 read_then_wait, num_slots=2, datasets={"train": ray.data.range(400)},
                 callbacks=[interrupt_once],
             )  # fmt: skip
             time.sleep(30)  # only reached if run() returned; the interrupt then lands here
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert interrupted.is_set()
     assert _no_coordinator_left()
 
@@ -166,7 +153,7 @@ def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
     requester = executor._sides._feed._reservation.requester_id
     try:
         assert wait_until(lambda: len(_coordinators()) == 1)
-        assert _reserved_cpus(requester) == 2  # the ranks' CPUs, kept from Ray Data
+        assert reserved_cpus(requester) == 2  # the ranks' CPUs, kept from Ray Data
         for _ in range(2):
             first, second = executor.run(one_epoch)
             assert len(first) == len(second) == 50
@@ -174,17 +161,7 @@ def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
     finally:
         executor.stop()
     assert _no_coordinator_left()
-    assert _reserved_cpus(requester) == 0  # taken out with the job
-
-
-def _reserved_cpus(requester_id: str) -> float:
-    from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-        get_or_create_autoscaling_coordinator,
-    )
-
-    coordinator = get_or_create_autoscaling_coordinator()
-    reserved = ray.get(coordinator.get_reserved_resources.remote(requester_id, recompute=True))
-    return sum(node.get("CPU", 0) for node in reserved.values())
+    assert reserved_cpus(requester) == 0  # taken out with the job
 
 
 def test_a_rank_asking_for_a_dataset_it_was_not_given_is_told_which_it_has():

@@ -7,7 +7,6 @@ placement group, the rendezvous port closed, driver fds and threads back to wher
 
 from __future__ import annotations
 
-import _thread
 import os
 import signal
 import socket
@@ -28,6 +27,7 @@ from horovod_ray import (
 )
 from test.conftest import (
     alive_actors,
+    ctrl_c_once,
     live_placement_groups,
     start_cluster,
     start_local_ray,
@@ -172,19 +172,9 @@ def test_infeasible_resources(local_ray):
 
 def test_keyboard_interrupt_in_the_driver_releases_everything(local_ray):
     leaks = Leaks()
-    main_thread_interrupted = threading.Event()
-
-    def interrupt_once_training(metrics):
-        # Called on the driver once rank 0 is in its loop: Ctrl-C arrives now.
-        if not main_thread_interrupted.is_set():
-            main_thread_interrupted.set()
-            _thread.interrupt_main()
-
-    # As a terminal's Ctrl-C: Python's handler, even where this run was started with
-    # SIGINT ignored (a background job of a shell), which makes interrupt_main() a no-op.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
-    try:
+    # The callback is called on the driver once rank 0 is in its loop: Ctrl-C arrives now.
+    with ctrl_c_once() as (interrupt_once_training, main_thread_interrupted):
         with pytest.raises(KeyboardInterrupt):
             horovod_ray.run(
                 allreduce_loop,
@@ -197,8 +187,6 @@ def test_keyboard_interrupt_in_the_driver_releases_everything(local_ray):
                 callbacks=[interrupt_once_training],
             )
             time.sleep(30)  # only reached if run() returned; the interrupt then lands here
-    finally:
-        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 60
     assert main_thread_interrupted.is_set()
     leaks.assert_released()

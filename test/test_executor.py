@@ -475,10 +475,11 @@ def _note_exit(directory):
     atexit.register(note)
 
 
-def _when_stopping(executor, method, record):
-    """Wraps ``executor``'s ``method`` so that it waits, after running, until another
-    thread's stop() has moved the job on: the window a slow thread may be caught in."""
-    original = getattr(executor, method)
+def _when_stopping(executor, method, record, owner=None):
+    """Wraps ``method`` of ``owner`` (by default ``executor``) so that it waits, after
+    running, until another thread's stop() has moved the job on: the window a slow thread
+    may be caught in."""
+    original = getattr(executor if owner is None else owner, method)
 
     def wrapped(*args, **kwargs):
         value = original(*args, **kwargs)
@@ -502,7 +503,9 @@ def test_a_call_admitted_as_stop_begins_is_counted_and_told_it_was_stopped(
         executor._job, "stop", lambda grace_s: job_stop(graces.append(grace_s) or grace_s)
     )
     admitted = threading.Event()
-    monkeypatch.setattr(executor, "_running", _when_stopping(executor, "_running", admitted))
+    # The call admitted to the job (CallGate.job), not yet counted in flight.
+    gate = executor._calls
+    monkeypatch.setattr(gate, "job", _when_stopping(executor, "job", admitted, owner=gate))
     outcome = {}
 
     def call():

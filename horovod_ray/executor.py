@@ -8,7 +8,6 @@ admits the calls (``lifecycle.CallGate``); a kind of job (``kinds.JobKind``: ``s
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
@@ -16,8 +15,10 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.data.spec import data_spec
-from horovod_ray.errors import ExecutorStateError
+from horovod_ray.errors import ConfigError, ExecutorStateError
+from horovod_ray.failures import restarts
 from horovod_ray.job import kinds
+from horovod_ray.job.attempt import JobAttempt
 from horovod_ray.job.layouts import job_layouts, with_old_names
 from horovod_ray.job.lifecycle import (
     CallGate,
@@ -25,7 +26,6 @@ from horovod_ray.job.lifecycle import (
     ExecutorState,
     Lifecycle,
 )
-from horovod_ray.job.sides import JobSides
 from horovod_ray.rank import calls
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.settings import Settings, create_settings, require_settings
@@ -87,6 +87,14 @@ class RayExecutor:
             them as the job starts; as ``run()``'s (docs/data.rst).
         data_config: A ``ray.train.DataConfig`` or ``horovod_ray.DataConfig``; as
             ``run()``'s.
+        max_restarts: Static jobs: when a call (``run``, ``execute``,
+            ``execute_single``) fails because a rank raised or died or a node was lost,
+            stop the job, start a new one (placed anew, ``executable_cls`` built again)
+            after a back-off of 1 s, 2 s, 4 s, ... (at most 60 s), and make the call
+            again, up to this many times over the executor's life; as ``run()``'s, whose
+            ``get_checkpoint()`` and ``attempt()`` work the same on the ranks. A
+            ``start()`` whose ranks fail is tried again the same way.
+            ``run_remote``'s futures are not made again.
 
     Raises:
         ConfigError: A bad argument, before anything is started.
@@ -118,33 +126,44 @@ class RayExecutor:
         gpus_per_slot: float | None = None,
         datasets: Mapping[str, Any] | None = None,
         data_config: Any = None,
+        max_restarts: int = 0,
     ) -> None:
-        # Every argument but settings and the data says what the job is: its layouts
-        # check them all.
+        # Every argument but settings, the data and the restarts says what the job is: its
+        # layouts check them all.
         arguments = {
             k: v
             for k, v in locals().items()
-            if k not in ("self", "settings", "datasets", "data_config")
+            if k not in ("self", "settings", "datasets", "data_config", "max_restarts")
         }
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
+        self._restarts = restarts.RestartPolicy(max_restarts)
+        if max_restarts and self.elastic is not None:
+            raise ConfigError(
+                "max_restarts",
+                "an elastic job recovers in place (its survivors reset): max_restarts is "
+                "for static jobs; drop it, or give num_workers/num_hosts instead of min_workers",
+            )
+        self._data = data_spec(datasets, data_config)
         # Its metrics and GCS record, its side of the run's folder, the timeline's request,
         # its datasets' split.
-        self._sides = JobSides(
-            settings, self.elastic, self.layout, data_spec(datasets, data_config)
-        )
-        self._job = kinds.create(
+        self._now = JobAttempt(
             settings,
             self.layout,
             self.elastic,
-            on_world=lambda size, resets: self._sides.telemetry.world(size, resets),
+            self._data,
+            on_world=lambda size, resets: self._now.sides.telemetry.world(size, resets),
         )
         self._lifecycle = Lifecycle(
-            on_change=lambda state: self._sides.telemetry.state(state.value)
+            on_change=lambda state: self._now.sides.telemetry.state(state.value)
         )
-        self._calls = CallGate(self._lifecycle, self._job)
+        self._calls = CallGate(self._lifecycle, self._now.kind)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
+        # The attempt the job is (0 until a failed call restarts it), and start()'s inputs
+        # for a restart.
+        self._attempt = 0
+        self._start_inputs: tuple[dict[str, str], bytes | None] = ({}, None)
 
     # ----------------------------------------------------------------- introspection
 
@@ -156,7 +175,7 @@ class RayExecutor:
     @property
     def job_id(self) -> str:
         """The job's id: its metrics' ``job_id`` label and its ``horovod-ray status`` row."""
-        return self._sides.telemetry.id
+        return self._now.sides.telemetry.id
 
     @property
     def num_workers(self) -> int:
@@ -235,23 +254,56 @@ class RayExecutor:
         env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
-        self._sides.rank_env(env)
-        kind = self._job
-        kind.prepare()
-        self._sides.check_room(self.layout)
+        self._start_inputs = (dict(env), executable)
+        self._now.prepare(env)
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
-        self._sides.starting()
-        try:
-            kind.start(env, executable, self._cancel.check)
-            self._cancel.check()
-            self._sides.started(kind)  # within the rollback: the ranks are up now
-        except BaseException as err:  # noqa: BLE001 - fail_start re-raises it, or what it became
-            release = functools.partial(self._release, grace_s=0)
-            self._lifecycle.fail_start(err, release, self._cancel.is_set())
-        self._lifecycle.transition([ExecutorState.STARTING], ExecutorState.RUNNING)
-        if (message := kind.started_message()) is not None:
+
+        def attempt(number: int) -> None:
+            if number:
+                self._restart(number)
+            else:
+                self._bring_up(0, env, executable)
+
+        restarts.attempts(self._restarts, attempt, wait=self._wait_to_restart)
+
+    def _bring_up(self, number: int, env: dict[str, str], executable: bytes | None) -> None:
+        """Attempt ``number``, from STARTING, up (``JobAttempt.bring_up``; STARTING kept
+        when the restart policy will try it again)."""
+        self._now.bring_up(
+            self._lifecycle, self._cancel, env, executable, lambda err: self._again(err, number)
+        )
+        if (message := self._now.kind.started_message()) is not None:
             logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
+
+    def _again(self, failure: BaseException, number: int) -> bool:
+        """Whether attempt ``number``'s ``failure`` is followed by another attempt."""
+        return not self._cancel.is_set() and self._restarts.decide(failure, number) is not None
+
+    def _restart(self, number: int) -> None:
+        """Attempt ``number`` of the job, from STARTING (the failed attempt's ranks were
+        released): a new ``JobAttempt`` (the checkpoint to resume from, a new split of
+        the datasets, the same telemetry), started as start() did."""
+        self._attempt = number
+        env, executable = self._start_inputs
+        env = {**env, restarts.ATTEMPT_ENV: str(number)}
+        telemetry = self._now.sides.telemetry
+        try:
+            self._now = JobAttempt(self.settings, self.layout, None, self._data, telemetry)
+            self._calls.replace(self._now.kind)
+            telemetry.restarted()
+            self._now.prepare(env)
+        except BaseException as err:  # noqa: BLE001 - fail_start re-raises it
+            self._lifecycle.fail_start(err, lambda: None, self._cancel.is_set())
+        self._bring_up(number, env, executable)
+
+    def _wait_to_restart(self, seconds: float) -> bool:
+        """The back-off before a restart, cut short by stop(): then the job ends STOPPED
+        (stop() waits for that) and False says no restart."""
+        if not self._cancel.wait(seconds):
+            return True
+        self._lifecycle.finish_start(lambda: None, cancelled=True)
+        return False
 
     # ------------------------------------------------------------------------ calls
 
@@ -355,10 +407,22 @@ class RayExecutor:
     ) -> list[Any]:
         """Admits ``call`` and runs ``body(kind, failing)`` as one call in flight
         (``CallGate.run``): on any failure the job is stopped, ends FAILED, and the error
-        is re-raised."""
-        kind = self._calls.job(action, call, counted=True)
-        return self._calls.run(
-            action, lambda failing: body(kind, failing), lambda: self._release(grace_s=0)
+        is re-raised; or, within ``max_restarts`` (``restarts.attempts``), a new job is
+        started and the call made again."""
+
+        def attempt(number: int) -> list[Any]:
+            if number > self._attempt:
+                self._restart(number)
+            kind = self._calls.job(action, call, counted=True)
+            return self._calls.run(
+                action,
+                lambda failing: body(kind, failing),
+                lambda: self._now.release(grace_s=0),
+                lambda err: self._again(err, number),
+            )
+
+        return restarts.attempts(
+            self._restarts, attempt, first=self._attempt, wait=self._wait_to_restart
         )
 
     # ------------------------------------------------------------------------- stop
@@ -373,21 +437,10 @@ class RayExecutor:
         ``ExecutorStateError``.
         """
         self._calls.stop(  # a call in flight is aborted: no grace, no validations waited for
-            self._cancel, lambda busy: self._release(0 if busy else STOP_GRACE_S, not busy)
+            self._cancel, lambda busy: self._now.release(0 if busy else STOP_GRACE_S, not busy)
         )
 
     shutdown = stop
-
-    def _release(self, grace_s: float, finish: bool = False) -> None:
-        """Stops the job's ranks, then ends its side of the run's folder
-        (``JobSides.end``: validations waited for if the job ``finish``-ed, the keep
-        policy), even when stopping the ranks raised."""
-        stopped = False
-        try:
-            self._job.stop(grace_s=grace_s)
-            stopped = True
-        finally:
-            self._sides.end(finish and stopped)
 
     def __enter__(self) -> RayExecutor:
         if self.state is ExecutorState.CREATED:

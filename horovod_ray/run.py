@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -14,7 +15,7 @@ from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.failures import restarts
 from horovod_ray.rank import calls
-from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings, is_int
+from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +164,6 @@ def run(
     """
     # Here, not at the top: a rank's process imports this module (see __init__).
     from horovod_ray.executor import RayExecutor
-    from horovod_ray.observe.job import JobTelemetry
 
     settings = create_settings(
         timeout_s=timeout_s,
@@ -182,6 +182,7 @@ def run(
         validation_config=validation_config,
     )
     elastic = min_workers is not None or max_workers is not None
+    restarts.RestartPolicy(max_restarts)  # checked first, whatever else is wrong
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
     if local is not False:
         _check_local(local, elastic, num_hosts, num_slots, max_restarts)
@@ -195,8 +196,11 @@ def run(
         callbacks = calls.check_callbacks(callbacks)
         return run_here(train_fn, args, kwargs, settings, callbacks, env, data)
 
-    def executor() -> RayExecutor:
-        return RayExecutor(
+    if settings.name is None and getattr(train_fn, "__name__", None):
+        # Named by its function in its metrics and ``horovod-ray status``.
+        settings = dataclasses.replace(settings, name=train_fn.__name__)
+    with named_as(_RUN_NAMES):
+        job = RayExecutor(  # checks the job's arguments
             settings,
             num_hosts=None if elastic else 1 if num_hosts is None else num_hosts,
             num_workers_per_host=1 if num_slots is None else num_slots,
@@ -210,10 +214,8 @@ def run(
             discovery_interval_s=discovery_interval_s,
             datasets=datasets,
             data_config=data_config,
+            max_restarts=max_restarts,
         )
-
-    with named_as(_RUN_NAMES):
-        executor()  # checks the job's arguments
         # Everything the executor would check later is checked now, before Ray starts,
         # and the function and its arguments are pickled once, here.
         call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
@@ -221,22 +223,12 @@ def run(
     callbacks = calls.check_callbacks(callbacks)
     ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
     _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
-
-    # One job to its metrics and ``horovod-ray status``, whatever its restarts.
-    telemetry = JobTelemetry.of(settings, elastic, getattr(train_fn, "__name__", None))
-
-    def run_attempt(number: int) -> list[Any]:
-        job = executor()
-        job._sides.telemetry = telemetry
-        if number:
-            telemetry.restarted()
-        try:
-            job.start(extra_env_vars={**env, restarts.ATTEMPT_ENV: str(number)})
-            return job._run_call(call, callbacks)
-        finally:
-            job.stop()
-
-    return restarts.with_restarts(max_restarts, run_attempt)
+    # One job, whatever its restarts (the executor's: ``failures/restarts``).
+    try:
+        job.start(extra_env_vars=env)
+        return job._run_call(call, callbacks)
+    finally:
+        job.stop()
 
 
 # RayExecutor's parameters under the names run() gives them.
@@ -268,10 +260,6 @@ def _check_local(
 def _check_sizes(
     elastic: bool, num_hosts: int | None, num_slots: int | None, max_restarts: object
 ) -> None:
-    if not is_int(max_restarts) or max_restarts < 0:
-        raise ConfigError(
-            "max_restarts", f"max_restarts must be an integer >= 0, got {max_restarts!r}"
-        )
     if not elastic:
         return
     for name, value in (("num_hosts", num_hosts), ("num_slots", num_slots)):

@@ -103,7 +103,7 @@ class TestRunningJob:
             assert executor.execute_single(second) == "second"  # rank 0 only
             assert executor.execute(second) == ["second"] * 3
         # Past the cache size, functions still run, sent whole each time.
-        monkeypatch.setattr(executor._job._dispatcher, "_cache_size", 0)
+        monkeypatch.setattr(executor._now.kind._dispatcher, "_cache_size", 0)
         assert executor.execute(make("third")) == ["third"] * 3
         assert executor.execute(first) == ["first"] * 3
 
@@ -331,7 +331,7 @@ def test_a_repeated_execute_sends_no_arguments_and_keeps_each_calls_logs(
     executor.start(executable_cls=Counter, executable_args=[0], executable_kwargs={"step": 10})
     try:
         again = []
-        for worker in executor._job.actors:
+        for worker in executor._now.kind.actors:
             method = worker.again_next
             monkeypatch.setattr(worker, "again_next", method)
             monkeypatch.setattr(method, "remote", _counting(method.remote, again))
@@ -498,9 +498,9 @@ def test_a_call_admitted_as_stop_begins_is_counted_and_told_it_was_stopped(
     executor = RayExecutor(SETTINGS, num_workers=2)
     executor.start()
     graces = []
-    job_stop = executor._job.stop
+    job_stop = executor._now.kind.stop
     monkeypatch.setattr(
-        executor._job, "stop", lambda grace_s: job_stop(graces.append(grace_s) or grace_s)
+        executor._now.kind, "stop", lambda grace_s: job_stop(graces.append(grace_s) or grace_s)
     )
     admitted = threading.Event()
     # The call admitted to the job (CallGate.job), not yet counted in flight.
@@ -530,7 +530,7 @@ def test_stop_while_another_thread_stops_returns_once_the_job_is_released(
 ):
     executor = RayExecutor(SETTINGS, num_workers=2)
     executor.start()
-    job_stop = executor._job.stop
+    job_stop = executor._now.kind.stop
     releasing = threading.Event()
 
     def slow_stop(grace_s):
@@ -538,7 +538,7 @@ def test_stop_while_another_thread_stops_returns_once_the_job_is_released(
         time.sleep(1.0)
         job_stop(grace_s)
 
-    monkeypatch.setattr(executor._job, "stop", slow_stop)
+    monkeypatch.setattr(executor._now.kind, "stop", slow_stop)
     first = threading.Thread(target=executor.stop)
     first.start()
     assert releasing.wait(30)
@@ -921,7 +921,7 @@ def test_start_logs_one_table_of_ranks_at_info(ray_4cpu, no_leaks, caplog):
     with caplog.at_level(logging.INFO, logger="horovod_ray.executor"):
         with RayExecutor(SETTINGS, num_workers=2) as executor:
             host, port = executor.rendezvous_address
-            secret = executor._job.rendezvous.worker_address.rsplit("/", 1)[1]
+            secret = executor._now.kind.rendezvous.worker_address.rsplit("/", 1)[1]
     started = [r.getMessage() for r in caplog.records if "Horovod job started" in r.getMessage()]
     assert len(started) == 1
     assert f"rendezvous {host}:{port}" in started[0]

@@ -101,8 +101,8 @@ DRAWN = {
         "settings",
     },
     "tune": {"checkpoints", "data", "executor", "errors", "job", "rank", "settings"},
-    "run": {"data", "executor", "errors", "failures", "local_ray", "observe", "rank", "settings"},
-    "executor": {"data", "errors", "job", "rank", "settings"},
+    "run": {"data", "executor", "errors", "failures", "local_ray", "rank", "settings"},
+    "executor": {"data", "errors", "failures", "job", "rank", "settings"},
     "job": {
         "checkpoints",
         "data",

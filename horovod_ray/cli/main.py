@@ -242,28 +242,20 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outcome: dict):
-    """The job, then (``--max-restarts``) a new one after each failure, with a back-off;
-    ``outcome`` holds the last attempt's job, failing rank and error."""
-    for attempt in range(args.max_restarts + 1):
-        if attempt:
-            wait_s = restarts.backoff_s(attempt - 1)
-            job, failed = outcome["job"], outcome["failed"]
-            cause = outcome["error"] if failed is None else _rank_failure(job, failed)
-            print(
-                f"horovod-ray run: attempt {attempt - 1} failed ({cause}); restarting in "
-                f"{wait_s:g}s ({args.max_restarts - attempt + 1} restarts left)",
-                file=sys.stderr,
-            )
-            deadline = time.monotonic() + wait_s
-            while signals.received is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            executor = _build_executor(args)
+    """The job, then (``--max-restarts``) a new one after each failure, with a back-off
+    that a signal cuts short (``restarts.attempts``); ``outcome`` holds the last attempt's
+    job, failing rank and error."""
+    executors = iter([executor])
+
+    def attempt(number: int) -> None:
+        # The first attempt's executor was built (and checked) before Ray started.
+        executor = next(executors, None) or _build_executor(args)
         signals.no_stacks_note = _NO_ELASTIC_STACKS if executor.elastic is not None else None
         job = outcome["job"] = CommandJob(
             executor, output, rank_stacks.after_poll(executor, signals)
         )
         outcome["failed"] = outcome["error"] = None
-        env = {**run[2], restarts.ATTEMPT_ENV: str(attempt)}
+        env = {**run[2], restarts.ATTEMPT_ENV: str(number)}
         try:
             if signals.received is None:
                 signals.on_signal = executor.stop  # a start waiting for room gives up
@@ -278,9 +270,33 @@ def _attempts(args, executor, run: tuple, output: Output, signals: Signals, outc
             outcome["error"] = err
         finally:
             executor.stop()
-        failed = outcome["failed"] is not None or outcome["error"] is not None
-        if signals.received is not None or not failed:
-            return
+        if signals.received is not None:
+            return  # stopped: no restart, whatever the ranks did
+        if outcome["failed"] is not None:
+            cause = _rank_failure(job, outcome["failed"])
+            raise WorkerFailedError({outcome["failed"]: cause}, cause)
+        if outcome["error"] is not None:
+            raise outcome["error"]
+
+    def wait(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while signals.received is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return signals.received is None
+
+    def tell(number: int, failure: BaseException, wait_s: float, left: int) -> None:
+        print(
+            f"horovod-ray run: attempt {number} failed ({failure}); restarting in "
+            f"{wait_s:g}s ({left} restarts left)",
+            file=sys.stderr,
+        )
+
+    try:
+        restarts.attempts(
+            restarts.RestartPolicy(args.max_restarts), attempt, wait=wait, on_restart=tell
+        )
+    except WorkerFailedError:
+        pass  # the last attempt's failure is in outcome, for the exit status
 
 
 def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Any, Output]:

@@ -3,5 +3,6 @@
 Open ``attribution`` for the pure decisions (which ranks caused a failure, whether a node
 was lost, an elastic run's end), ``hangs`` for a static job that hung (a stall, a silent
 network), ``probe`` for looking at every rank after a failed call, and ``restarts`` for
-``run(..., max_restarts=N)`` and ``attempt()``.
+the one restart policy (``max_restarts`` of ``run()``, ``RayExecutor`` and
+``horovod-ray run``) and ``attempt()``.
 """

@@ -1,22 +1,30 @@
-"""Job-level restarts of a static job: ``run(..., max_restarts=N)``.
+"""Job-level restarts, one policy for every entry point.
 
 After a failure (a rank raised or died, a node was lost) the whole job is stopped and a
 new one started, on whatever nodes Ray places it, after a back-off that doubles each time;
 the function runs again from the start. The budget counts for the whole job, not per
 node. Inside the function, ``horovod_ray.get_checkpoint()`` gives the latest checkpoint
 persisted (with a ``storage_path``), and :func:`attempt` says which attempt this is.
+
+:class:`RestartPolicy` decides (``decide``: a pure function of the failure and the
+attempt); :func:`attempts` is the one loop that ``run()``, ``RayExecutor`` (its calls)
+and ``horovod-ray run`` share, each with its own way to wait and to say so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import numbers
 import os
 import time
-from typing import Any, Callable
+from typing import Callable, TypeVar
 
-from horovod_ray.errors import HangError, NodeDrainingError, WorkerFailedError
+from horovod_ray.errors import ConfigError, HangError, NodeDrainingError, WorkerFailedError
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Set on every rank: the attempt its job is (0 first).
 ATTEMPT_ENV = "HOROVOD_RAY_ATTEMPT"
@@ -36,43 +44,112 @@ def backoff_s(restart: int) -> float:
     return min(most, first * 2**restart)
 
 
-def with_restarts(max_restarts: int, run_attempt: Callable[[int], Any]) -> Any:
-    """``run_attempt(n)`` for n = 0, 1, ... until one returns, at most ``max_restarts``
-    more times after the first; only a ``WorkerFailedError`` is tried again.
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """When a failed job runs again.
+
+    Attributes:
+        max_restarts: How many times a job may run again after its first attempt; only a
+            ``WorkerFailedError`` (a rank raised or died, a hang, a drained node) is tried
+            again, never a bad argument, a placement timeout or Ctrl-C.
 
     Raises:
-        WorkerFailedError: Every attempt failed; its text lists each attempt's cause, its
-            ``failures`` are the last attempt's (without restarts: the error itself).
+        ConfigError: ``max_restarts`` is not an integer >= 0.
+    """
+
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        count = self.max_restarts
+        if not isinstance(count, numbers.Integral) or isinstance(count, bool) or count < 0:
+            raise ConfigError(
+                "max_restarts",
+                f"max_restarts must be an integer >= 0, got {self.max_restarts!r}",
+            )
+
+    def decide(self, failure: BaseException, attempt: int) -> float | None:
+        """Seconds to wait before attempt ``attempt + 1`` after attempt ``attempt`` (0
+        first) failed with ``failure``; None: no restart, ``failure`` is raised."""
+        if not isinstance(failure, WorkerFailedError) or attempt >= self.max_restarts:
+            return None
+        return backoff_s(attempt)
+
+    def left(self, attempt: int) -> int:
+        """Restarts left once attempt ``attempt`` failed and another begins."""
+        return self.max_restarts - attempt
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return True
+
+
+def _log_restart(number: int, failure: BaseException, wait_s: float, left: int) -> None:
+    logger.warning(
+        "attempt %d of the job failed; restarting in %gs (%d restarts left): %s",
+        number,
+        wait_s,
+        left,
+        failure,
+    )
+
+
+def attempts(
+    policy: RestartPolicy,
+    run_attempt: Callable[[int], T],
+    *,
+    first: int = 0,
+    wait: Callable[[float], bool] = _sleep,
+    on_restart: Callable[[int, BaseException, float, int], None] = _log_restart,
+) -> T:
+    """``run_attempt(n)`` for n = ``first``, ``first + 1``, ... until one returns or
+    ``policy.decide`` says no more: then the failure is raised.
+
+    Args:
+        policy: Decides after each failure.
+        run_attempt: Runs attempt ``n``.
+        first: The first attempt's number (a job whose earlier calls spent some).
+        wait: Waits the seconds before the next attempt; False when it was cut short (a
+            signal, a stop()): no more attempts, the failure is raised.
+        on_restart: Told (attempt that failed, its failure, seconds to wait, restarts
+            left) before each wait.
+
+    Raises:
+        WorkerFailedError: The attempts are spent: after restarts its text lists each
+            attempt's cause (:func:`spent`); else the failure as it came. Anything else an
+            attempt raised, as it came.
     """
     causes: list[WorkerFailedError] = []
-    for number in range(max_restarts):
+    number = first
+    while True:
         try:
             return run_attempt(number)
-        except WorkerFailedError as err:
-            causes.append(err)
-            wait_s = backoff_s(number)
-            logger.warning(
-                "attempt %d of the job failed; restarting in %gs (%d restarts left): %s",
-                number,
-                wait_s,
-                max_restarts - number,
-                err,
-            )
-            time.sleep(wait_s)
-    try:
-        return run_attempt(max_restarts)
-    except WorkerFailedError as err:
-        if not causes:
-            raise  # no restarts asked for: the error as it came
-        raise spent([*causes, err]) from err
+        except BaseException as err:
+            wait_s = policy.decide(err, number)
+            if wait_s is None:
+                if causes and isinstance(err, WorkerFailedError):
+                    raise spent([*causes, err], policy.max_restarts, first) from err
+                raise
+            causes.append(err)  # decide() retries only a WorkerFailedError
+            on_restart(number, err, wait_s, policy.left(number))
+            if not wait(wait_s):
+                if len(causes) == 1:
+                    raise
+                raise spent(causes, policy.max_restarts, first) from err
+        number += 1
 
 
-def spent(causes: list[WorkerFailedError]) -> WorkerFailedError:
-    """The error once every attempt failed: each attempt and its cause."""
-    attempts = "\n".join(f"--- attempt {n}: {err}" for n, err in enumerate(causes))
+def spent(
+    causes: list[WorkerFailedError], max_restarts: int | None = None, first: int = 0
+) -> WorkerFailedError:
+    """The error once every attempt failed: each attempt (numbered from ``first``) and its
+    cause; ``max_restarts``: the budget, by default one less than the attempts."""
+    if max_restarts is None:
+        max_restarts = len(causes) - 1
+    attempts_text = "\n".join(f"--- attempt {n}: {err}" for n, err in enumerate(causes, first))
     message = (
-        f"the job failed {len(causes)} times (max_restarts={len(causes) - 1}); "
-        f"each attempt:\n{attempts}"
+        f"the job failed {len(causes)} times (max_restarts={max_restarts}); "
+        f"each attempt:\n{attempts_text}"
     )
     last = causes[-1]
     if isinstance(last, HangError):  # what the last attempt was stays visible

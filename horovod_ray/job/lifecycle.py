@@ -9,6 +9,7 @@ one fails, and makes stop()'s moves.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 import time
@@ -37,6 +38,8 @@ class ExecutorState(enum.Enum):
         STOPPING -> FAILED                  (a rank failed, or a call was aborted by
                                              Ctrl-C or a raising callback; the job was
                                              stopped on the way)
+        STOPPING -> STARTING                (a call's ranks failed, the job was stopped,
+                                             and ``max_restarts`` starts a new one)
 
     STOPPED and FAILED are final: a new job needs a new RayExecutor.
     """
@@ -54,7 +57,7 @@ TRANSITIONS: dict[ExecutorState, frozenset[ExecutorState]] = {
     _S.CREATED: frozenset({_S.STARTING, _S.STOPPED}),
     _S.STARTING: frozenset({_S.RUNNING, _S.FAILED, _S.STOPPED}),
     _S.RUNNING: frozenset({_S.STOPPING}),
-    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.FAILED, _S.STARTING}),
     _S.STOPPED: frozenset(),
     _S.FAILED: frozenset(),
 }
@@ -175,7 +178,7 @@ class Lifecycle:
 
     def end(self, release: Callable[[], None], final: ExecutorState) -> None:
         """From STOPPING (the caller moved there, under its own lock): ``release()``, then
-        ``final`` (STOPPED or FAILED) whatever it raised."""
+        ``final`` (STOPPED or FAILED; STARTING for a restart) whatever it raised."""
         try:
             release()
         finally:
@@ -232,6 +235,12 @@ class CallGate:
         ``refuse`` has kept ``action`` off any other."""
         return cast("HeldJob", self.job(action, call))
 
+    def replace(self, kind: JobKind) -> None:
+        """A restart's new job takes the place of the failed one (no call is in flight:
+        the job is STARTING)."""
+        with self._lock:
+            self._kind = kind
+
     def done(self) -> None:
         """A counted call ended."""
         with self._lock:
@@ -242,10 +251,12 @@ class CallGate:
         action: str,
         body: Callable[[Callable[[], bool]], T],
         release: Callable[[], None],
+        restarts: Callable[[BaseException], bool] = lambda err: False,
     ) -> T:
         """Runs ``body(failing)`` for a call :meth:`admit` counted, until :meth:`done`;
         on any failure (a rank's, Ctrl-C, a raising callback: the ranks cannot be left half
-        done) moves the job to STOPPING, ends it FAILED after ``release()``, and re-raises.
+        done) moves the job to STOPPING, ends it FAILED after ``release()`` (STARTING if
+        ``restarts(err)``: the caller starts a new job), and re-raises.
 
         The call counts as in flight from the moment it was admitted, so that a stop()
         can never take it for idle. ``body`` calls ``failing()`` as soon as it knows the
@@ -269,7 +280,8 @@ class CallGate:
         except BaseException as err:
             failing()
             if moved:
-                self._lifecycle.end(release, ExecutorState.FAILED)
+                after = ExecutorState.STARTING if restarts(err) else ExecutorState.FAILED
+                self._lifecycle.end(release, after)
             interrupt = interrupt_in(err)
             if interrupt is not None:
                 raise interrupt from None
@@ -301,21 +313,28 @@ class CallGate:
         cancels the start and waits (up to ``STOP_CANCEL_S``) for it to give up or
         finish; from RUNNING, STOPPING, then ``release(busy)`` (whether calls were in
         flight: they are aborted), then STOPPED. Where another thread is stopping the
-        job, waits up to ``STOP_WAIT_S`` for it to end."""
+        job, waits up to ``STOP_WAIT_S`` for it to end; where that was a failed call whose
+        job restarts, cancels the restart as a start."""
         lifecycle = self._lifecycle
         if lifecycle.transition([ExecutorState.CREATED], ExecutorState.STOPPED):
             return
-        if lifecycle.state is ExecutorState.STARTING:
-            cancel.set()
-            if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
-                logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
+        while True:
+            if lifecycle.state is ExecutorState.STARTING:
+                cancel.set()
+                if not lifecycle.wait_for(FINAL | {ExecutorState.RUNNING}, STOP_CANCEL_S):
+                    logger.warning("start() did not give up within %gs of stop()", STOP_CANCEL_S)
+                    return
+            busy, moved = self.close()  # no call begins once this moved
+            if moved:
+                lifecycle.end(functools.partial(release, busy), ExecutorState.STOPPED)
                 return
-        busy, moved = self.close()  # no call begins once this moved
-        if moved:
-            lifecycle.end(lambda: release(busy), ExecutorState.STOPPED)
-        elif not lifecycle.wait_for(FINAL, STOP_WAIT_S):
-            # Another thread is stopping it (a stop(), a failed call): released once it ends.
-            logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
+            # Another thread is stopping it (a stop(), a failed call): released once it
+            # ends, or once it moved on to restart (STARTING: cancelled above).
+            if not lifecycle.wait_for(FINAL | {ExecutorState.STARTING}, STOP_WAIT_S):
+                logger.warning("the job was not released within %gs of stop()", STOP_WAIT_S)
+                return
+            if lifecycle.state in FINAL:
+                return
 
 
 def state_hint(state: ExecutorState) -> str:

@@ -21,6 +21,10 @@ from horovod_ray.settings import Settings
 class JobSides:
     """One job's sides (see the module).
 
+    Args:
+        telemetry: The job's metrics and GCS record when it has one already (a restart's
+            new job keeps its id and counts the restarts); None makes one.
+
     Attributes:
         telemetry: The job's metrics and GCS record; ``run()`` puts one shared by its
             restarts here, so that the job keeps one id and counts them.
@@ -36,6 +40,7 @@ class JobSides:
         elastic: ElasticLayout | None,
         layout: WorkerLayout | None = None,
         data: DataSpec | None = None,
+        telemetry: JobTelemetry | None = None,
     ) -> None:
         if data is not None:
             _check_data(data, elastic, layout)
@@ -46,7 +51,7 @@ class JobSides:
                 "world; leave timeline out (or set HOROVOD_TIMELINE in extra_env_vars for "
                 "a file on each rank 0's node)",
             )
-        self.telemetry = JobTelemetry.of(settings, elastic is not None)
+        self.telemetry = telemetry or JobTelemetry.of(settings, elastic is not None)
         self.checkpoints = None
         if settings.storage is not None:
             self.checkpoints = JobCheckpoints(settings.storage, settings.validation)

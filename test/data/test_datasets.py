@@ -150,7 +150,7 @@ def test_an_executor_splits_once_and_each_run_reads_an_epoch(no_leaks):
 
     executor = RayExecutor(num_workers=2, datasets={"train": ray.data.range(100)})
     executor.start()
-    requester = executor._sides._feed._reservation.requester_id
+    requester = executor._now.sides._feed._reservation.requester_id
     try:
         assert wait_until(lambda: len(_coordinators()) == 1)
         assert reserved_cpus(requester) == 2  # the ranks' CPUs, kept from Ray Data

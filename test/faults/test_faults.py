@@ -140,7 +140,7 @@ def test_a_rank_that_never_joins_the_rendezvous(local_ray):
     executor = RayExecutor(settings, num_workers=3)
     executor.start()
     address = executor.rendezvous_address
-    assert executor._job.rendezvous._store.hold_s == 5  # the job's timeout_s reached it
+    assert executor._now.kind.rendezvous._store.hold_s == 5  # the job's timeout_s reached it
     started = time.monotonic()
     with pytest.raises(RendezvousError) as info:
         executor.run(train)

@@ -421,7 +421,7 @@ def test_reset_limit_fails_with_the_limit_named(cluster, tmp_path):
         run = _Run(executor, tmp_path)
         _wait_for(_at(tmp_path, 2, 3), 240, "3 ranks training", run)
         # The job's timeout_s reached the elastic run's server: four holds of 8.75 s.
-        assert executor._job._current._server._store.hold_s == 8.75
+        assert executor._now.kind._current._server._store.hold_s == 8.75
         added = cluster.add_node(num_cpus=2)
         run.thread.join(120)
     finally:

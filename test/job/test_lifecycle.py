@@ -20,6 +20,7 @@ PATHS = [
     [S.CREATED, S.STARTING, S.FAILED],  # start failed
     [S.CREATED, S.STARTING, S.STOPPED],  # stop() during start()
     [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.FAILED],  # a call failed
+    [S.CREATED, S.STARTING, S.RUNNING, S.STOPPING, S.STARTING],  # ... and max_restarts
 ]
 
 

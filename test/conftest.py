@@ -257,3 +257,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         os.environ.pop("RAY_TRAIN_V2_ENABLED", None)
     else:
         os.environ["RAY_TRAIN_V2_ENABLED"] = _TRAIN_V2
+
+
+@pytest.fixture
+def fresh_rank_session():
+    """A rank session of the test's own (no upload thread, channel or notice yet); the
+    one before is given back after."""
+    from horovod_ray.rank import session
+
+    with session.installed(session.RankSession()) as installed:
+        yield installed

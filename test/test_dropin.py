@@ -44,13 +44,12 @@ def test_every_name_horovod_ray_exports_imports_or_says_what_to_use(name):
     assert name in dir(horovod_ray) or name in ("elastic", "ray_logger")
 
 
-def test_ray_loggers_dicts_come_from_every_rank_of_an_elastic_job(monkeypatch):
+def test_ray_loggers_dicts_come_from_every_rank_of_an_elastic_job(monkeypatch, fresh_rank_session):
     """horovod.ray's elastic executor delivered every rank's ray_logger.log dicts;
     horovod_ray.log delivers rank 0's."""
     from horovod_ray import ray_logger
     from horovod_ray.rank import logs
 
-    monkeypatch.setattr(logs, "_channel", None)  # put back after the test
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     monkeypatch.setenv("HOROVOD_RANK", "1")
     logs.open_channel(is_log_rank=False)

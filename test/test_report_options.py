@@ -137,10 +137,10 @@ def test_a_folder_in_the_runs_storage_is_never_deleted(tmp_path):
         {"checkpoint_upload_fn": lambda checkpoint, destination: checkpoint},
     ],
 )
-def test_a_tune_trial_refuses_the_upload_options_its_report_ignores(monkeypatch, option):
+def test_a_tune_trial_refuses_the_upload_options_its_report_ignores(option, fresh_rank_session):
     from horovod_ray.rank import report
 
-    monkeypatch.setattr(report, "_tune_session", object())
+    report.use_tune_session(object())
     with pytest.raises(ConfigError) as raised:
         report.report({"step": 1}, **option)
     assert raised.value.parameter == next(iter(option))

@@ -311,7 +311,7 @@ def test_ranks_session_is_what_ray_tune_reads(tmp_path):
 
     (tmp_path / "weights.txt").write_text("w=3")
     packed = parcels.pack_checkpoint(tune.Checkpoint.from_directory(str(tmp_path)))
-    session = rank_session.RankSession(0, packed, rank_session.TrialFacts(trial_name="t0"))
+    session = rank_session.TrialSession(0, packed, rank_session.TrialFacts(trial_name="t0"))
     rank_session.install_session(session)
     try:
         restored = tune.get_checkpoint()

@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from horovod_ray.errors import DatasetNotFoundError
 from horovod_ray.rank import metrics as rank_metrics
+from horovod_ray.rank import session
 
 if TYPE_CHECKING:
     from ray.data import DataIterator
 
-_shards: dict[str, DataIterator] | None = None
-_waited: dict[str, float] = {}
 _lock = threading.Lock()
 
 
@@ -40,7 +39,7 @@ def get_dataset_shard(name: str) -> DataIterator:
         DatasetNotFoundError: The job has no dataset of that name (or no datasets at
             all); a ``KeyError``, as Ray Train raises.
     """
-    shards = _shards
+    shards = session.current().shards
     if shards is None:
         raise DatasetNotFoundError(
             f"get_dataset_shard({name!r}): this job was given no datasets; pass "
@@ -57,24 +56,18 @@ def get_dataset_shard(name: str) -> DataIterator:
 
 def give(shards: Mapping[str, DataIterator] | None) -> None:
     """Sets this rank's iterators (None: the job has no datasets); each is timed."""
-    global _shards
     if shards is not None:
         for name, iterator in shards.items():
             if not isinstance(iterator.__dict__.get("_create_batch_iterator"), _Timed):
                 iterator._create_batch_iterator = _Timed(name, iterator._create_batch_iterator)
         shards = dict(shards)
-    _shards = shards
-
-
-def current() -> dict[str, DataIterator] | None:
-    """This rank's iterators now (a local run keeps an enclosing rank's, to give back)."""
-    return _shards
+    session.current().shards = shards
 
 
 def waited_s() -> dict[str, float]:
     """Seconds this rank has waited for its next batch, by dataset."""
     with _lock:
-        return dict(_waited)
+        return dict(session.current().data_waited)
 
 
 class _Timed:
@@ -110,6 +103,7 @@ def _timed(name: str, batches: Any) -> Iterator[Any]:
 
 
 def _add(name: str, seconds: float) -> None:
+    waited = session.current().data_waited
     with _lock:
-        _waited[name] = _waited.get(name, 0.0) + seconds
+        waited[name] = waited.get(name, 0.0) + seconds
     rank_metrics.data_waited(name, seconds)

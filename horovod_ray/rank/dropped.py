@@ -19,9 +19,7 @@ from typing import Any
 
 from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.rank import report_options as options
-
-# Folders this rank reported with delete_local, not removed yet.
-_to_drop: list[str] = []
+from horovod_ray.rank import session
 
 
 def drop(checkpoint: Any) -> None:
@@ -39,14 +37,16 @@ def drop(checkpoint: Any) -> None:
             options.outside_the_run(checkpoint, storage)
         folder = os.path.realpath(checkpoint.path)
     drop_reported(keep=folder)
-    if folder is not None and folder not in _to_drop:
-        _to_drop.append(folder)
+    to_drop = session.current().to_drop
+    if folder is not None and folder not in to_drop:
+        to_drop.append(folder)
 
 
 def drop_reported(keep: str | None = None) -> None:
     """Removes the folders this rank reported to be dropped, all but ``keep``; run as a
     rank's call starts and as the job stops it."""
-    for folder in _to_drop:
+    to_drop = session.current().to_drop
+    for folder in to_drop:
         if folder != keep:
             shutil.rmtree(folder, ignore_errors=True)
-    _to_drop[:] = [keep] if keep in _to_drop else []
+    to_drop[:] = [keep] if keep in to_drop else []

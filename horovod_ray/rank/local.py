@@ -23,7 +23,7 @@ from horovod_ray.checkpoints.validation import VALIDATION_ENV
 from horovod_ray.data.feed import DatasetFeed
 from horovod_ray.data.spec import DataSpec, check_rows
 from horovod_ray.observe.job import JobTelemetry
-from horovod_ray.rank import datasets, frameworks, logs, report
+from horovod_ray.rank import datasets, frameworks, report, session
 from horovod_ray.rank.ordered import OrderedShard
 from horovod_ray.rank.preemption import PREEMPTION_DIR_ENV
 from horovod_ray.rank.timeline import TIMELINE_ENV
@@ -110,41 +110,43 @@ def run_here(
     for key in _OUTER:
         os.environ.pop(key, None)  # an enclosing job's (a rank's own run(local=True))
     os.environ.update(rank_env)
-    saved_channel = logs.swap_channel(_Direct(callbacks))
-    saved_shards = datasets.current()
     feed = None if data is None else DatasetFeed(data, {})
     finished = False
+    # A session of its own: an enclosing rank's log channel, upload thread, Tune session
+    # and datasets are not this run's, and its reports are rank 0's.
+    here = session.RankSession(channel=_Direct(callbacks), local=True)
     try:
-        with report.apart():  # an enclosing rank's upload thread is not this run's
+        with session.installed(here):
             try:
-                if checkpoints is not None:
-                    checkpoints.start()
-                datasets.give(None)  # an enclosing rank's are not this run's
-                if feed is not None:
-                    check_rows(data, 1)
-                    datasets.give(_one_ranks_shards(feed))
-                result = fn(*args, **kwargs)
-                report.flush()  # its checkpoints are persisted before run() returns
-                finished = True
-                return [result]
-            finally:
                 try:
-                    logs.swap_channel(saved_channel)
-                    for key, value in saved.items():
-                        if value is None:
-                            os.environ.pop(key, None)
-                        else:
-                            os.environ[key] = value
-                    datasets.give(saved_shards)
+                    if checkpoints is not None:
+                        checkpoints.start()
                     if feed is not None:
-                        feed.close()
+                        check_rows(data, 1)
+                        datasets.give(_one_ranks_shards(feed))
+                    result = fn(*args, **kwargs)
+                    report.flush()  # its checkpoints are persisted before run() returns
+                    finished = True
+                    return [result]
                 finally:
-                    frameworks.shut_down(keep=running_before)  # its timeline is then whole
-                    if settings.timeline is not None and not os.path.exists(settings.timeline):
-                        logger.warning(
-                            "horovod wrote no timeline to %s: did the function call hvd.init()?",
-                            settings.timeline,
-                        )
+                    try:
+                        for key, value in saved.items():
+                            if value is None:
+                                os.environ.pop(key, None)
+                            else:
+                                os.environ[key] = value
+                        if feed is not None:
+                            feed.close()
+                    finally:
+                        frameworks.shut_down(keep=running_before)  # its timeline is then whole
+                        if settings.timeline is not None and not os.path.exists(settings.timeline):
+                            logger.warning(
+                                "horovod wrote no timeline to %s: did the function call "
+                                "hvd.init()?",
+                                settings.timeline,
+                            )
+            finally:
+                report.close_uploader()  # this run's, once flushed
     finally:
         if checkpoints is not None:
             checkpoints.end(finished)  # validated, then pruned

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 import ray
 
 from horovod_ray.errors import ConfigError
+from horovod_ray.rank import session
 
 # Longest a driver-side wait for rank 0's log() dicts lasts before it is renewed.
 LOG_POLL_S = 5.0
@@ -109,20 +110,6 @@ class LogChannel:
             return [item for item, _ in taken], self._finished_call >= call_id
 
 
-# Set in a worker process once its rank is known; None in the driver and on other ranks.
-_channel: LogChannel | None = None
-# In an elastic job every rank has a channel; only the rank that is 0 when it logs posts.
-_elastic = False
-
-
-def swap_channel(channel: Any) -> Any:
-    """Makes ``channel`` this process's way for ``log()`` dicts (``rank/local``: straight to
-    the callbacks) and returns the one it replaces, to put back."""
-    global _channel
-    previous, _channel = _channel, channel
-    return previous
-
-
 def rank_now() -> int:
     """This process's rank now: horovod's (an elastic reset may change it) or its first."""
     return _horovod_now("rank", "HOROVOD_RANK", 0)
@@ -178,15 +165,16 @@ def log_any_rank(metrics: Mapping[str, Any]) -> None:
             "info_dict",
             f"ray_logger.log() takes a dict such as {{'loss': 0.3}}, got {type(metrics).__name__}",
         )
-    channel = _channel
+    channel = session.current().channel
     if channel is not None:
         channel.put(dict(metrics))
 
 
 def post(item: object) -> None:
     """Queues ``item`` for the driver if this process is rank 0 of a job, else drops it."""
-    channel = _channel
-    if channel is not None and (not _elastic or rank_now() == 0):
+    now = session.current()
+    channel = now.channel
+    if channel is not None and (not now.elastic or rank_now() == 0):
         channel.put(item)
 
 
@@ -198,8 +186,9 @@ def post_and_wait_delivered(item: object) -> None:
     nothing delivers it, and the caller waits until the job is stopped. A driver whose
     callback raised stops polling, and the job is then stopped with the caller in here.
     """
-    channel = _channel
-    if channel is not None and (not _elastic or rank_now() == 0):
+    now = session.current()
+    channel = now.channel
+    if channel is not None and (not now.elastic or rank_now() == 0):
         channel.put_and_wait_delivered(item)
 
 
@@ -210,7 +199,7 @@ def post_and_wait(item: object) -> None:
     Raises:
         RuntimeError: Not in a rank of an elastic job (there is no channel).
     """
-    channel = _channel
+    channel = session.current().channel
     if channel is None:
         raise RuntimeError("post_and_wait() runs only in a rank of an elastic job")
     channel.put(item)
@@ -220,28 +209,31 @@ def post_and_wait(item: object) -> None:
 def open_channel(is_log_rank: bool) -> None:
     """Opens this process's channel if it is rank 0 (closes it otherwise); in an elastic
     job (``HOROVOD_ELASTIC`` set) on every rank, which posts while it is rank 0."""
-    global _channel, _elastic
-    _elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
-    _channel = LogChannel() if is_log_rank or _elastic else None
+    now = session.current()
+    now.elastic = os.environ.get("HOROVOD_ELASTIC") == "1"
+    now.channel = LogChannel() if is_log_rank or now.elastic else None
 
 
 def begin(call_id: int) -> None:
     """Marks the start of call ``call_id``: what is logged now belongs to it."""
-    if _channel is not None:
-        _channel.begin(call_id)
+    channel = session.current().channel
+    if channel is not None:
+        channel.begin(call_id)
 
 
 def end(call_id: int) -> None:
     """Marks the end of call ``call_id``: the driver's poll for it returns."""
-    if _channel is not None:
-        _channel.end(call_id)
+    channel = session.current().channel
+    if channel is not None:
+        channel.end(call_id)
 
 
 def take(call_id: int, timeout_s: float) -> tuple[list[dict], bool]:
     """The rank's half of the long-poll: dicts of call ``call_id``, and whether it ended."""
-    if _channel is None:
+    channel = session.current().channel
+    if channel is None:
         return [], True
-    return _channel.take(call_id, timeout_s)
+    return channel.take(call_id, timeout_s)
 
 
 # ------------------------------------------------------------------------ driver's half

@@ -20,6 +20,7 @@ from horovod_ray.checkpoints.metrics import flatten
 from horovod_ray.observe import core, registry
 from horovod_ray.observe.job import JOB_ID_ENV, JOB_NAME_ENV, METRICS_ENV
 from horovod_ray.observe.record import Recorder
+from horovod_ray.rank import session
 from horovod_ray.rank.logs import rank_now
 from horovod_ray.stack.build import core_counters
 
@@ -28,22 +29,20 @@ logger = logging.getLogger(__name__)
 # How often the sampler reads horovod's counters and records them.
 INTERVAL_S = 1.0
 
-_telemetry: RankTelemetry | None = None
-
 
 def start(node: str) -> None:
     """Starts this rank's metrics if its job asked for them (its environment is set,
     horovod not yet initialised)."""
-    global _telemetry
+    now = session.current()
     modes = set(os.environ.get(METRICS_ENV, "").split(","))
-    if _telemetry is not None or "on" not in modes:
+    if now.telemetry is not None or "on" not in modes:
         return
     if "stragglers" in modes and core_counters():
         # horovod's cache lets a tensor seen before skip the coordinator, which then
         # cannot tell which rank was last; a value of the user's wins (its cost:
         # docs/observability.rst). A horovod without the counters attributes nothing.
         os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
-    _telemetry = RankTelemetry(
+    now.telemetry = RankTelemetry(
         os.environ.get(JOB_NAME_ENV, ""),
         os.environ.get(JOB_ID_ENV, ""),
         node,
@@ -53,43 +52,49 @@ def start(node: str) -> None:
 
 def reported(metrics: Mapping[str, Any]) -> None:
     """``report(metrics)`` was called on this rank."""
-    if _telemetry is not None:
+    telemetry = session.current().telemetry
+    if telemetry is not None:
         try:
-            _telemetry.reported(metrics)
+            telemetry.reported(metrics)
         except Exception:  # noqa: BLE001 - metrics never reach the caller of report()
             logger.debug("a report's metrics were not recorded", exc_info=True)
 
 
 def call_running(running: bool) -> None:
     """A call of the driver's began (True) or ended (False) on this rank."""
-    if _telemetry is not None:
-        _telemetry.in_call = running
+    telemetry = session.current().telemetry
+    if telemetry is not None:
+        telemetry.in_call = running
 
 
 def upload_done(seconds: float, size: int) -> None:
     """A checkpoint of ``size`` bytes was committed in ``seconds``."""
-    if _telemetry is not None:
-        _telemetry.recorder.inc("horovod_ray_checkpoint_uploads_total")
-        _telemetry.recorder.inc("horovod_ray_checkpoint_upload_seconds_total", seconds)
-        _telemetry.recorder.inc("horovod_ray_checkpoint_upload_bytes_total", size)
+    telemetry = session.current().telemetry
+    if telemetry is not None:
+        telemetry.recorder.inc("horovod_ray_checkpoint_uploads_total")
+        telemetry.recorder.inc("horovod_ray_checkpoint_upload_seconds_total", seconds)
+        telemetry.recorder.inc("horovod_ray_checkpoint_upload_bytes_total", size)
 
 
 def data_waited(dataset: str, seconds: float) -> None:
     """This rank waited ``seconds`` for its next batch of ``dataset`` (``rank/datasets``)."""
-    if _telemetry is not None:
-        _telemetry.recorder.inc("horovod_ray_data_wait_seconds_total", seconds, dataset=dataset)
+    telemetry = session.current().telemetry
+    if telemetry is not None:
+        telemetry.recorder.inc("horovod_ray_data_wait_seconds_total", seconds, dataset=dataset)
 
 
 def upload_queue(waiting: int) -> None:
     """``waiting`` checkpoints are reported and not yet committed."""
-    if _telemetry is not None:
-        _telemetry.recorder.set("horovod_ray_checkpoint_upload_queue", waiting)
+    telemetry = session.current().telemetry
+    if telemetry is not None:
+        telemetry.recorder.set("horovod_ray_checkpoint_upload_queue", waiting)
 
 
 def upload_failures(failures: int) -> None:
     """The uploader exists (0) or an upload failed (1)."""
-    if _telemetry is not None:
-        _telemetry.recorder.set("horovod_ray_checkpoint_upload_failures", failures)
+    telemetry = session.current().telemetry
+    if telemetry is not None:
+        telemetry.recorder.set("horovod_ray_checkpoint_upload_failures", failures)
 
 
 class RankTelemetry:

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from horovod_ray.checkpoints.leftovers import owned, sweep_stale
 from horovod_ray.errors import HorovodRayError
+from horovod_ray.rank import session
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +52,6 @@ _BROADCAST_NAME = "horovod_ray.preemption_notice"
 # (from then, with none) for the driver to stop the job; a call no drain is watched in
 # (run_remote) then goes on.
 UNSTOPPED_S = 90.0
-
-_agreed: dict[str, Any] | None = None  # the last notice get_preemption_info() gave here
-_asked = False
-_waited = 0  # the notice whose just-in-time checkpoint rank 0 waited after, in vain
 
 
 def open_folder() -> str:
@@ -132,7 +129,6 @@ def get_preemption_info() -> Any:
         HorovodRayError: Not on a rank of a horovod_ray job, or rank 0 holds a notice that
             never reached this rank.
     """
-    global _agreed
     folder = os.environ.get(PREEMPTION_DIR_ENV)
     if folder is None:
         if "HOROVOD_RAY_JOB_ID" in os.environ:
@@ -146,18 +142,22 @@ def get_preemption_info() -> Any:
     version = _agree(_latest(folder))
     if version == 0:
         return None
-    if _agreed is None or _agreed["version"] != version:
-        _agreed = _read(folder, version)
+    now = session.current()
+    if now.notice is None or now.notice["version"] != version:
+        now.notice = _read(folder, version)
+    agreed = now.notice
     # Ray Train v2's class (ray.train exports it under v2 only); here: it is slow to import.
     from ray.train.v2.api.preemption import PreemptionInfo
 
-    return PreemptionInfo(_agreed["deadline_ms"], {n: list(r) for n, r in _agreed["nodes"].items()})
+    return PreemptionInfo(agreed["deadline_ms"], {n: list(r) for n, r in agreed["nodes"].items()})
 
 
 def stops_after_checkpoint() -> bool:
     """Whether this rank saw a notice of a job that is stopped for it (a static job's),
     and has not already waited for that in vain."""
-    return _agreed is not None and bool(_agreed["restart"]) and _agreed["version"] != _waited
+    now = session.current()
+    agreed = now.notice
+    return agreed is not None and bool(agreed["restart"]) and agreed["version"] != now.waited
 
 
 def saved_then_wait() -> None:
@@ -165,7 +165,7 @@ def saved_then_wait() -> None:
     driver stops the job now and a restart resumes from it, so no step is done twice.
     Unstopped past the deadline and ``UNSTOPPED_S`` (a call that no drain is watched in),
     it returns, and training goes on."""
-    global _waited
+    now = session.current()
     folder = os.environ[PREEMPTION_DIR_ENV]
     open(os.path.join(folder, SAVED), "w").close()
     logger.warning(
@@ -173,10 +173,10 @@ def saved_then_wait() -> None:
         "stops here and starts again from it"
     )
     sys.stdout.flush()
-    deadline_ms = _agreed["deadline_ms"]
+    deadline_ms = now.notice["deadline_ms"]
     left_s = 0.0 if deadline_ms is None else max(0.0, deadline_ms / 1000 - time.time())
     threading.Event().wait(left_s + UNSTOPPED_S)
-    _waited = _agreed["version"]
+    now.waited = now.notice["version"]
     logger.warning(
         "rank 0: the job was not stopped after its just-in-time checkpoint (a call that no "
         "drain is watched in, such as run_remote's); training goes on"
@@ -184,10 +184,10 @@ def saved_then_wait() -> None:
 
 
 def _mark_asked(folder: str) -> None:
-    global _asked
-    if not _asked:
+    now = session.current()
+    if not now.asked:
         open(os.path.join(folder, ASKED), "w").close()
-        _asked = True
+        now.asked = True
 
 
 def _latest(folder: str) -> int:

@@ -20,12 +20,11 @@ every rank) and their metrics and checkpoints are dropped: a checkpoint holds wh
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import sys
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from horovod_ray.checkpoints import store
 from horovod_ray.checkpoints import validation as validations
@@ -34,18 +33,11 @@ from horovod_ray.checkpoints.metrics import checked_metrics, plain
 from horovod_ray.checkpoints.spec import CHECKPOINT_ENV, FIRST_INDEX_ENV, RunStorage
 from horovod_ray.checkpoints.upload import Uploader
 from horovod_ray.errors import ConfigError
-from horovod_ray.rank import dropped, logs, preemption
+from horovod_ray.rank import dropped, logs, preemption, session
 from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank import report_options as options
 
 logger = logging.getLogger(__name__)
-
-_uploader: Uploader | None = None
-# Depth of report.apart() blocks: a local run's reports inside a rank are rank 0's.
-_apart = 0
-_tune_session: Any = None  # a trial rank's session (horovod_ray.tune.session)
-_warned = False
-_actor = False
 
 
 def report(
@@ -128,16 +120,17 @@ def report(
         checkpoint_upload_fn,
     )
     rank_metrics.reported(metrics)
-    if _tune_session is not None:
+    tune = session.current().tune
+    if tune is not None:
         options.refuse_under_tune(checkpoint_dir_name, checkpoint_upload_mode,
                            delete_local_checkpoint_after_upload, checkpoint_upload_fn,
                            validation)  # fmt: skip
-        _tune_session.report(metrics, checkpoint=checkpoint)
+        tune.report(metrics, checkpoint=checkpoint)
         return
     request = validations.task_request(
         validation, checkpoint is not None, os.environ.get(validations.VALIDATION_ENV) == "1"
     )
-    if not _apart and logs.rank_now() != 0:
+    if not session.current().local and logs.rank_now() != 0:
         dropped.drop(checkpoint if delete_local else None)
         return
     uploader = _rank_uploader()
@@ -215,7 +208,7 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
             f"consistency_mode must be CheckpointConsistencyMode.COMMITTED or VALIDATED, got "
             f"{consistency_mode!r}",
         )
-    if _tune_session is not None:
+    if session.current().tune is not None:
         raise HorovodRayError(
             "get_all_reported_checkpoints() is not available in a Tune trial: Tune keeps "
             "the trial's checkpoints (tune.Tuner's results)"
@@ -224,9 +217,10 @@ def get_all_reported_checkpoints(consistency_mode: Any = None, timeout_s: float 
     if storage is None:
         return []
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    if _uploader is not None:
-        _uploader.finish_submitted(timeout_s)  # None: as long as they take
-        _uploader.raise_failure()
+    uploader = session.current().uploader
+    if uploader is not None:
+        uploader.finish_submitted(timeout_s)  # None: as long as they take
+        uploader.raise_failure()
     from ray.train.v2.api.reported_checkpoint import (
         ReportedCheckpoint,
         ReportedCheckpointStatus,
@@ -271,8 +265,9 @@ def get_checkpoint() -> Any:
         A ``ray.train.Checkpoint`` (read it with ``as_directory()`` or
         ``to_directory()``), or None.
     """
-    if _tune_session is not None:
-        return _tune_session.loaded_checkpoint
+    tune = session.current().tune
+    if tune is not None:
+        return tune.loaded_checkpoint
     path = os.environ.get(CHECKPOINT_ENV)
     storage = RunStorage.from_env()
     if not path or storage is None:
@@ -288,63 +283,44 @@ def flush() -> None:
     Raises:
         CheckpointError: An upload failed.
     """
-    if _uploader is not None:
-        _uploader.flush()
+    uploader = session.current().uploader
+    if uploader is not None:
+        uploader.flush()
 
 
 def finish_submitted(timeout_s: float) -> bool:
     """Waits up to ``timeout_s`` for the checkpoints reported so far to be uploaded (not
     for later ones); whether they are (see ``Uploader.finish_submitted``)."""
-    return _uploader is None or _uploader.finish_submitted(timeout_s)
+    uploader = session.current().uploader
+    return uploader is None or uploader.finish_submitted(timeout_s)
 
 
 def close_uploader() -> None:
-    """Ends this process's upload thread (a local run's, once it was flushed): the next
+    """Ends this session's upload thread (a local run's, once it was flushed): the next
     job's storage may be another."""
-    global _uploader
-    if _uploader is not None:
-        _uploader.close()
-        _uploader = None
-
-
-@contextlib.contextmanager
-def apart() -> Iterator[None]:
-    """Reports in the block belong to a run of their own (``run(local=True)`` inside a
-    rank): the enclosing job's upload thread and Tune session are set aside, and given
-    back after the block, whose own upload thread is closed; they are rank 0's, as the
-    local run's one rank, whatever rank the enclosing job's horovod gives."""
-    global _uploader, _tune_session, _apart
-    outer = _uploader, _tune_session
-    _uploader, _tune_session = None, None
-    _apart += 1  # its reports are rank 0's, whatever the enclosing job's horovod says
-    try:
-        yield
-    finally:
-        _apart -= 1
-        try:
-            close_uploader()
-        finally:
-            _uploader, _tune_session = outer
+    now = session.current()
+    if now.uploader is not None:
+        now.uploader.close()
+        now.uploader = None
 
 
 def tune_session() -> Any:
-    """The Tune trial's session this process's reports go to, or None."""
-    return _tune_session
+    """The Tune trial's session this rank's reports go to, or None."""
+    return session.current().tune
 
 
-def use_tune_session(session: Any) -> None:
-    """Sends this process's reports to a Tune trial's session (None: stop doing so)."""
-    global _tune_session
-    _tune_session = session
+def use_tune_session(trial: Any) -> None:
+    """Sends this rank's reports to a Tune trial's session (None: stop doing so)."""
+    session.current().tune = trial
 
 
 def _rank_uploader() -> Uploader | None:
-    global _uploader
-    if _uploader is None:
+    now = session.current()
+    if now.uploader is None:
         storage = RunStorage.from_env()
         if storage is None:
             return None
-        _uploader = Uploader(
+        now.uploader = Uploader(
             storage,
             protected=store.index_at(storage, os.environ.get(CHECKPOINT_ENV)),
             stale_below=int(os.environ.get(FIRST_INDEX_ENV) or 1),
@@ -353,22 +329,16 @@ def _rank_uploader() -> Uploader | None:
         # A process that is not an actor (a command line's python command) has no call
         # to end: its uploads finish as it exits.
         atexit.register(_flush_at_exit)
-    return _uploader
-
-
-def in_actor() -> None:
-    """Marks this process as a rank's actor: its calls end with :func:`flush`, which
-    raises a failed upload to the driver, so its exit has nothing to add."""
-    global _actor
-    _actor = True
+    return now.uploader
 
 
 def _flush_at_exit() -> None:
     """Waits for the uploads; one that failed and was never raised fails the process
     (a command line's command: its job then fails as for any rank's failure)."""
-    if _actor:
+    now = session.current()
+    if now.in_actor:
         return  # an actor's uploads ended with its calls, or were cut off with the job
-    failure = _uploader.unraised_failure() if _uploader is not None else None
+    failure = now.uploader.unraised_failure() if now.uploader is not None else None
     if failure is not None:
         logger.error("a checkpoint was not persisted: %s", failure)
         sys.stdout.flush()
@@ -377,9 +347,9 @@ def _flush_at_exit() -> None:
 
 
 def _warn_once() -> None:
-    global _warned
-    if not _warned:
-        _warned = True
+    now = session.current()
+    if not now.warned:
+        now.warned = True
         logger.warning(
             "report(checkpoint=...) keeps nothing without a storage path: give run(..., "
             "storage_path=...), create_settings(storage_path=...) or --storage-path"

@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 from horovod_ray.checkpoints.leftovers import owned, sweep_stale
-from horovod_ray.rank import frameworks
+from horovod_ray.rank import frameworks, session
 
 logger = logging.getLogger(__name__)
 
@@ -31,22 +31,19 @@ SHUTDOWN_WAIT_S = 5.0
 # Longest the driver waits for rank 0's timeline file as the job stops (bring()).
 TAKE_FILE_S = 10.0
 
-_path: str | None = None
-_ours = False
-
 
 def choose() -> None:
     """Sets ``HOROVOD_TIMELINE`` for this rank's horovod when the job asked for one."""
-    global _path, _ours
     if not os.environ.get(TIMELINE_ENV):
         return
     sweep_stale((PREFIX,))
-    _path = os.environ.get("HOROVOD_TIMELINE")
-    if not _path:
+    now = session.current()
+    now.timeline = os.environ.get("HOROVOD_TIMELINE")
+    if not now.timeline:
         job_id = os.environ.get("HOROVOD_RAY_JOB_ID", "job")
-        _path = os.path.join(tempfile.gettempdir(), f"{owned(PREFIX)}{job_id}.json")
-        os.environ["HOROVOD_TIMELINE"] = _path
-        _ours = True
+        now.timeline = os.path.join(tempfile.gettempdir(), f"{owned(PREFIX)}{job_id}.json")
+        os.environ["HOROVOD_TIMELINE"] = now.timeline
+        now.timeline_ours = True
 
 
 def take() -> bytes | None:
@@ -57,18 +54,19 @@ def take() -> bytes | None:
     ``SHUTDOWN_WAIT_S``: after another rank failed, horovod's thread may wait in a
     collective until Gloo's timeout, and the file as it is then is worth more than none.
     """
-    if _path is None:
+    now = session.current()
+    if now.timeline is None:
         return None
     ending = threading.Thread(target=_shut_down, name="horovod_ray-timeline", daemon=True)
     ending.start()
     ending.join(SHUTDOWN_WAIT_S)
     try:
-        with open(_path, "rb") as handle:
+        with open(now.timeline, "rb") as handle:
             data = handle.read()
     except FileNotFoundError:
         return None
-    if _ours:
-        os.remove(_path)
+    if now.timeline_ours:
+        os.remove(now.timeline)
     return data
 
 

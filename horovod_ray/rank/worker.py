@@ -22,7 +22,7 @@ import cloudpickle
 import ray
 
 from horovod_ray.errors import RankError
-from horovod_ray.rank import dropped, logs, preemption, priority, report, timeline
+from horovod_ray.rank import dropped, logs, preemption, priority, report, session, timeline
 from horovod_ray.rank import metrics as rank_metrics
 from horovod_ray.rank.calls import RankCalls, invoke
 from horovod_ray.rank.network import (
@@ -82,8 +82,9 @@ class Worker:
         os.environ.update(env)
         if niceness is not None:
             priority.apply(niceness)
+        # The rank's session: each concern below keeps its part in it.
+        session.install(session.RankSession(in_actor=True))
         logs.open_channel(is_log_rank)
-        report.in_actor()
         timeline.choose()
         preemption.open_folder()
         rank_metrics.start(node=ray.util.get_node_ip_address())

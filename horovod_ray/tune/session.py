@@ -2,7 +2,7 @@
 ``get_checkpoint`` on a Horovod job.
 
 On every rank, Tune's functions are served by a small per-process session
-(:class:`RankSession`): rank 0's reports (metrics, and the checkpoint directory packed
+(:class:`TrialSession`): rank 0's reports (metrics, and the checkpoint directory packed
 into bytes) go to the trial's actor, whose :func:`forward` reports them to Tune, and
 each returns once Tune has taken it, as Ray's own ``tune.report`` does; other ranks'
 reports are accepted and dropped. The restored checkpoint is unpacked on every rank, and
@@ -128,7 +128,7 @@ class TrialFacts:
         )
 
 
-class RankSession:
+class TrialSession:
     """What ``ray.tune.report`` / ``get_checkpoint`` / ``get_context`` find on a rank of a
     trial's job.
 
@@ -197,7 +197,7 @@ class RankSession:
             shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
 
 
-def install_session(session: RankSession | None) -> None:
+def install_session(session: TrialSession | None) -> None:
     """Makes ``session`` the process-wide session Tune's functions read.
 
     ``ray.tune.report`` and ``ray.tune.get_checkpoint`` look up
@@ -296,9 +296,9 @@ def rank_main(
     trial: TrialFacts,
     copies_tag: str = "",
 ) -> None:
-    """Runs a trial's function on a rank, under a :class:`RankSession`."""
+    """Runs a trial's function on a rank, under a :class:`TrialSession`."""
     sweep_stale()
-    session = RankSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial, copies_tag)
+    session = TrialSession(int(os.environ["HOROVOD_RANK"]), checkpoint, trial, copies_tag)
     install_session(session)
     report.use_tune_session(session)  # horovod_ray.report / get_checkpoint go to Tune too
     try:

@@ -35,14 +35,13 @@ def test_one_dict_may_appear_twice_but_not_inside_itself():
 
 
 def test_metrics_that_cannot_be_stored_are_refused_before_a_callback_sees_them(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, fresh_rank_session
 ):
     """With a storage, report() handed such metrics to the driver's callbacks, then
     refused them."""
     for key, value in spec.create(str(tmp_path), "run").to_env(None).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOROVOD_RANK", "0")
-    monkeypatch.setattr(report, "_uploader", None)
     posted: list[dict] = []
     monkeypatch.setattr(report.logs, "post", posted.append)
     with pytest.raises(ConfigError, match="cannot be stored as JSON"):

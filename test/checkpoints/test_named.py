@@ -226,10 +226,11 @@ def test_a_kept_checkpoints_folder_is_never_removed_with_another_marker(tmp_path
     assert sorted(os.listdir(run)) == ["checkpoint_000002.json", "epoch_3"]
 
 
-def test_a_named_start_checkpoint_stays_while_the_job_runs(tmp_path, monkeypatch):
+def test_a_named_start_checkpoint_stays_while_the_job_runs(
+    tmp_path, monkeypatch, fresh_rank_session
+):
     storage = spec.create(str(tmp_path), "run", CheckpointConfig(1))
     store.commit(storage, _folder(tmp_path, "c1", "1").path, {"step": 1}, dir_name="start")
-    monkeypatch.setattr(report, "_uploader", None)
     for name, value in job.job_env(storage).items():
         monkeypatch.setenv(name, value)
     uploader = report._rank_uploader()

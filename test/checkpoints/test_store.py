@@ -299,10 +299,11 @@ def test_a_run_folder_that_is_not_there_is_an_error_naming_it(tmp_path):
     assert (result.metrics, result.checkpoint, result.best_checkpoints) == ({}, None, [])
 
 
-def test_without_a_storage_report_keeps_nothing_and_says_so_once(tmp_path, monkeypatch, caplog):
+def test_without_a_storage_report_keeps_nothing_and_says_so_once(
+    tmp_path, monkeypatch, caplog, fresh_rank_session
+):
     monkeypatch.delenv(spec.STORAGE_ENV, raising=False)
     monkeypatch.setenv(spec.CHECKPOINT_ENV, "")
-    monkeypatch.setattr(report, "_warned", False)
     with caplog.at_level(logging.WARNING, logger=report.__name__):
         for _ in range(2):
             report.report({"loss": 1.0}, checkpoint=_folder(tmp_path, f"c{_}", "x"))

@@ -147,7 +147,9 @@ def test_an_elastic_job_refuses_a_timeline_before_anything_is_taken():
         ("on", None, None),  # find_stragglers=False: horovod's default
     ],
 )
-def test_a_rank_turns_the_cache_off_only_for_the_attribution(monkeypatch, modes, users, cache):
+def test_a_rank_turns_the_cache_off_only_for_the_attribution(
+    monkeypatch, modes, users, cache, fresh_rank_session
+):
     from horovod_ray.rank import metrics
 
     monkeypatch.setenv(METRICS_ENV, modes)
@@ -156,7 +158,6 @@ def test_a_rank_turns_the_cache_off_only_for_the_attribution(monkeypatch, modes,
         monkeypatch.delenv("HOROVOD_CACHE_CAPACITY")
     else:
         monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", users)
-    monkeypatch.setattr(metrics, "_telemetry", None)
     monkeypatch.setattr(metrics, "RankTelemetry", lambda *args, **kwargs: object())
     metrics.start(node="127.0.0.1")
     assert os.environ.get("HOROVOD_CACHE_CAPACITY") == cache

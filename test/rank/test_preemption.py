@@ -13,19 +13,17 @@ import pytest
 
 import horovod_ray
 from horovod_ray.job import draining
-from horovod_ray.rank import preemption
+from horovod_ray.rank import preemption, session
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
-    """A rank's notice folder, and the module's memory of the last notice reset."""
+    """A rank's notice folder, and a session of its own (no notice remembered)."""
     monkeypatch.setenv(preemption.PREEMPTION_DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(preemption, "_agreed", None)
-    monkeypatch.setattr(preemption, "_asked", False)
-    monkeypatch.setattr(preemption, "_waited", preemption._waited)
-    return tmp_path
+    with session.installed(session.RankSession()):
+        yield tmp_path
 
 
 def test_no_notice_is_none_and_the_rank_is_marked_as_asking(folder):
@@ -256,7 +254,7 @@ def test_the_just_in_time_checkpoint_keeps_a_folder_the_caller_keeps(
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("HOROVOD_RANK", "0")
     monkeypatch.setattr(preemption, "UNSTOPPED_S", 0.0)
-    monkeypatch.setattr(preemption, "_waited", 0)  # no notice was waited for yet
+    assert session.current().waited == 0  # no notice was waited for yet (the fixture's)
     preemption.deliver(1, preemption.notice(1, 1_000, {"a": [1]}, restart=True))
     horovod_ray.get_preemption_info()
     mine = tmp_path / "mine"

@@ -318,7 +318,7 @@ def start_path_once(
     try:
         began = time.perf_counter()
         executor.start()
-        steps = {"start": time.perf_counter() - began, **executor._job.start_s}
+        steps = {"start": time.perf_counter() - began, **executor._now.kind.start_s}
         executor.run(_import_tensorflow)
         measured = {}
         for way in ways:

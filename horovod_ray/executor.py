@@ -15,7 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.data.spec import data_spec
-from horovod_ray.errors import ConfigError, ExecutorStateError
+from horovod_ray.errors import ConfigError, ExecutorStateError, WorkerFailedError
 from horovod_ray.failures import restarts
 from horovod_ray.job import kinds
 from horovod_ray.job.attempt import JobAttempt
@@ -163,6 +163,7 @@ class RayExecutor:
         # The attempt the job is (0 until a failed call restarts it), and start()'s inputs
         # for a restart.
         self._attempt = 0
+        self._causes: list[WorkerFailedError] = []  # each failed attempt's, for the last error
         self._start_inputs: tuple[dict[str, str], bytes | None] = ({}, None)
 
     # ----------------------------------------------------------------- introspection
@@ -265,7 +266,7 @@ class RayExecutor:
             else:
                 self._bring_up(0, env, executable)
 
-        restarts.attempts(self._restarts, attempt, wait=self._wait_to_restart)
+        restarts.attempts(self._restarts, attempt, wait=self._wait_to_restart, causes=self._causes)
 
     def _bring_up(self, number: int, env: dict[str, str], executable: bytes | None) -> None:
         """Attempt ``number``, from STARTING, up (``JobAttempt.bring_up``; STARTING kept
@@ -300,8 +301,12 @@ class RayExecutor:
     def _wait_to_restart(self, seconds: float) -> bool:
         """The back-off before a restart, cut short by stop(): then the job ends STOPPED
         (stop() waits for that) and False says no restart."""
-        if not self._cancel.wait(seconds):
-            return True
+        try:
+            if not self._cancel.wait(seconds):
+                return True
+        except BaseException:  # Ctrl-C: the job is released already, and ends here
+            self._lifecycle.finish_start(lambda: None, cancelled=True)
+            raise
         self._lifecycle.finish_start(lambda: None, cancelled=True)
         return False
 
@@ -419,10 +424,15 @@ class RayExecutor:
                 lambda failing: body(kind, failing),
                 lambda: self._now.release(grace_s=0),
                 lambda err: self._again(err, number),
+                kind,
             )
 
         return restarts.attempts(
-            self._restarts, attempt, first=self._attempt, wait=self._wait_to_restart
+            self._restarts,
+            attempt,
+            first=self._attempt,
+            wait=self._wait_to_restart,
+            causes=self._causes,
         )
 
     # ------------------------------------------------------------------------- stop

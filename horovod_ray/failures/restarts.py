@@ -101,6 +101,7 @@ def attempts(
     first: int = 0,
     wait: Callable[[float], bool] = _sleep,
     on_restart: Callable[[int, BaseException, float, int], None] = _log_restart,
+    causes: list[WorkerFailedError] | None = None,
 ) -> T:
     """``run_attempt(n)`` for n = ``first``, ``first + 1``, ... until one returns or
     ``policy.decide`` says no more: then the failure is raised.
@@ -113,13 +114,16 @@ def attempts(
             signal, a stop()): no more attempts, the failure is raised.
         on_restart: Told (attempt that failed, its failure, seconds to wait, restarts
             left) before each wait.
+        causes: The failures of the job's attempts before ``first``, which this loop
+            adds to (a job whose start and calls each loop: the last error lists them
+            all); None: none.
 
     Raises:
         WorkerFailedError: The attempts are spent: after restarts its text lists each
             attempt's cause (:func:`spent`); else the failure as it came. Anything else an
             attempt raised, as it came.
     """
-    causes: list[WorkerFailedError] = []
+    causes = [] if causes is None else causes
     number = first
     while True:
         try:
@@ -128,14 +132,15 @@ def attempts(
             wait_s = policy.decide(err, number)
             if wait_s is None:
                 if causes and isinstance(err, WorkerFailedError):
-                    raise spent([*causes, err], policy.max_restarts, first) from err
+                    every = [*causes, err]
+                    raise spent(every, policy.max_restarts, number + 1 - len(every)) from err
                 raise
             causes.append(err)  # decide() retries only a WorkerFailedError
             on_restart(number, err, wait_s, policy.left(number))
             if not wait(wait_s):
                 if len(causes) == 1:
                     raise
-                raise spent(causes, policy.max_restarts, first) from err
+                raise spent(causes, policy.max_restarts, number + 1 - len(causes)) from err
         number += 1
 
 

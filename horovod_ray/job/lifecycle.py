@@ -178,10 +178,15 @@ class Lifecycle:
 
     def end(self, release: Callable[[], None], final: ExecutorState) -> None:
         """From STOPPING (the caller moved there, under its own lock): ``release()``, then
-        ``final`` (STOPPED or FAILED; STARTING for a restart) whatever it raised."""
+        ``final`` (STOPPED or FAILED; STARTING for a restart) whatever it raised, save that a
+        release that raised ends a restart FAILED: nothing would start again."""
+        released = False
         try:
             release()
+            released = True
         finally:
+            if final is ExecutorState.STARTING and not released:
+                final = ExecutorState.FAILED
             self.transition([ExecutorState.STOPPING], final)
 
 
@@ -223,9 +228,10 @@ class CallGate:
         Raises:
             ExecutorStateError: The kind refuses ``action``, or the job is not running.
         """
-        kind = self._kind
-        kind.refuse(action, call)
-        state = self.admit(kind.admit if call is not None else None, counted)
+        with self._lock:  # the kind a restart put in place, or the one before: not a mix
+            kind = self._kind
+            kind.refuse(action, call)
+            state = self.admit(kind.admit if call is not None else None, counted)
         if state is ExecutorState.RUNNING:
             return kind
         raise ExecutorStateError(f"{action} needs a running executor, {state_hint(state)}")
@@ -252,6 +258,7 @@ class CallGate:
         body: Callable[[Callable[[], bool]], T],
         release: Callable[[], None],
         restarts: Callable[[BaseException], bool] = lambda err: False,
+        kind: JobKind | None = None,
     ) -> T:
         """Runs ``body(failing)`` for a call :meth:`admit` counted, until :meth:`done`;
         on any failure (a rank's, Ctrl-C, a raising callback: the ranks cannot be left half
@@ -262,7 +269,8 @@ class CallGate:
         can never take it for idle. ``body`` calls ``failing()`` as soon as it knows the
         call failed, before it looks at the ranks or releases anything: it says whether
         the failure is this call's (the job moved to STOPPING), not a stop() or another
-        call's failure already under way.
+        call's failure already under way, nor that of a job a restart has replaced since
+        (``kind``: the job the call was admitted to).
 
         Raises:
             ExecutorStateError: The job was stopped (by stop(), or another call's failure)
@@ -272,7 +280,7 @@ class CallGate:
 
         def failing() -> bool:
             nonlocal moved
-            moved = moved or self.fail()
+            moved = moved or self.fail(kind)
             return moved
 
         try:
@@ -295,10 +303,13 @@ class CallGate:
         finally:
             self.done()
 
-    def fail(self) -> bool:
+    def fail(self, kind: JobKind | None = None) -> bool:
         """A call failed: RUNNING -> STOPPING; says whether this moved it (not a stop()
-        or another call's failure already under way)."""
+        or another call's failure already under way, nor a call to a job ``kind`` that a
+        restart has replaced)."""
         with self._lock:
+            if kind is not None and kind is not self._kind:
+                return False
             return self._lifecycle.transition([ExecutorState.RUNNING], ExecutorState.STOPPING)
 
     def close(self) -> tuple[bool, bool]:
@@ -341,6 +352,11 @@ def state_hint(state: ExecutorState) -> str:
     """What to do about a call in ``state``, for the error that refuses it."""
     if state is ExecutorState.CREATED:
         hint = "call start() first (or use `with RayExecutor(...) as executor:`)"
+    elif state is ExecutorState.STARTING:
+        hint = (
+            "its job is starting (or starting again after a failure: max_restarts); call "
+            "again once it runs"
+        )
     elif state is ExecutorState.FAILED:
         hint = "the job failed and was stopped; create a new RayExecutor"
     else:

@@ -1,8 +1,9 @@
 """One rank's session: what a rank's process holds for its job, in one object.
 
-The worker installs one as it sets its rank up (``worker.RankWorker.setup``), and
-``run(local=True)`` one of its own for its call, giving back the enclosing one after it
-(a rank's own local run is a job of its own). Each concern keeps its part here and reads
+The worker installs one for its process as it sets its rank up
+(``worker.RankWorker.setup``), and ``run(local=True)`` one of its own for its call, in its
+own thread (a rank's own local run is a job of its own, while the rank's control thread
+still answers for the rank's). Each concern keeps its part here and reads
 it through :func:`current`: ``logs`` (where ``log()`` dicts go), ``report`` (the upload
 thread, a Tune trial's session), ``metrics``, ``datasets``, ``timeline``, ``preemption``
 and ``dropped``. A process that is no rank's actor (the driver, a command line's
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Any, Iterator
 
 
@@ -66,11 +68,12 @@ class RankSession:
 
 
 _session = RankSession()
+_thread = threading.local()  # a local run's, in the thread that runs it
 
 
 def current() -> RankSession:
-    """This process's session now."""
-    return _session
+    """This thread's session: a local run's in its thread, else the process's."""
+    return getattr(_thread, "session", None) or _session
 
 
 def install(session: RankSession) -> RankSession:
@@ -82,9 +85,11 @@ def install(session: RankSession) -> RankSession:
 
 @contextlib.contextmanager
 def installed(session: RankSession) -> Iterator[RankSession]:
-    """``session`` is this process's for the block; the one before is given back after."""
-    previous = install(session)
+    """``session`` is this thread's for the block (the process's other threads keep
+    theirs); the one before is given back after."""
+    previous = getattr(_thread, "session", None)
+    _thread.session = session
     try:
         yield session
     finally:
-        install(previous)
+        _thread.session = previous

@@ -10,7 +10,7 @@ import pytest
 
 import horovod_ray
 from horovod_ray import ConfigError, ExecutorState, RayExecutor, WorkerFailedError
-from test.conftest import wait_until
+from test.conftest import ctrl_c_once, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,10 +53,16 @@ def test_a_failed_call_runs_again_on_a_new_job_within_the_executors_budget(ray_4
         assert executor.state is ExecutorState.RUNNING and executor.job_id == job_id
         (job,) = [job for job in horovod_ray.jobs(all=True) if job.id == job_id]
         assert job.restarts == 1
-        # The budget is the executor's: the next failure is the caller's, as it came.
-        with pytest.raises(WorkerFailedError, match="bad batch in attempt 1") as info:
+        # The budget is the executor's: the next failure is the caller's, with each
+        # attempt of the job's.
+        with pytest.raises(WorkerFailedError) as info:
             executor.execute(_rank_1_fails_in({1}))
-        assert "the job failed" not in str(info.value) and list(info.value.failures) == [1]
+        text = str(info.value)
+        assert text.startswith("the job failed 2 times (max_restarts=1); each attempt:")
+        first, second = text.index("--- attempt 0:"), text.index("--- attempt 1:")
+        assert "bad batch in attempt 0" in text[first:second]
+        assert "bad batch in attempt 1" in text[second:]
+        assert list(info.value.failures) == [1]
         assert executor.state is ExecutorState.FAILED
     finally:
         executor.stop()
@@ -79,6 +85,25 @@ def test_stop_during_the_back_off_ends_the_job_and_the_call_raises_its_failure(r
         stopper.join()
         executor.stop()
     assert executor.state is ExecutorState.STOPPED
+
+
+def test_ctrl_c_during_the_back_off_ends_the_job_stopped(ray_4cpu, no_leaks):
+    executor = RayExecutor(SETTINGS, num_workers=2, max_restarts=3)
+    executor.start(executable_cls=_Built)
+    with ctrl_c_once() as (interrupt, interrupted):
+        presser = threading.Thread(
+            target=lambda: (
+                wait_until(lambda: executor.state is ExecutorState.STARTING, 60) and interrupt(None)
+            )
+        )
+        presser.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                executor.execute(_rank_1_fails_in({0, 1, 2, 3}))
+            assert interrupted.is_set() and executor.state is ExecutorState.STOPPED
+        finally:
+            presser.join()
+            executor.stop()
 
 
 @pytest.mark.parametrize(

@@ -165,3 +165,45 @@ def test_a_call_returns_its_result_and_leaves_the_job_running():
     lifecycle, gate = _running_gate()
     assert gate.run("run", lambda failing: [1, 2], lambda: None) == [1, 2]
     assert lifecycle.state is S.RUNNING and gate.close() == (False, True)
+
+
+def test_a_restart_whose_release_raised_ends_failed_not_starting():
+    """Nothing would start the job again: a later stop() would wait for a start."""
+    lifecycle, gate = _running_gate()
+
+    def release():
+        raise RuntimeError("kill failed")
+
+    with pytest.raises(RuntimeError, match="kill failed"):
+        gate.run("run", _raises(RankFailedError()), release, lambda err: True)
+    assert lifecycle.state is S.FAILED
+
+
+def test_a_call_to_a_job_a_restart_replaced_moves_nothing():
+    """A call admitted to the failed job fails after the restart's job runs: the new job
+    is not stopped for it."""
+
+    class Kind:
+        pass
+
+    old, new = Kind(), Kind()
+    lifecycle = _walk([S.CREATED, S.STARTING, S.RUNNING])
+    gate = CallGate(lifecycle, old)
+    assert gate.fail(old) is True  # the first failure: STOPPING, then the restart
+    lifecycle.end(lambda: None, S.STARTING)
+    gate.replace(new)
+    lifecycle.transition([S.STARTING], S.RUNNING)
+    assert gate.fail(old) is False and lifecycle.state is S.RUNNING
+    assert gate.fail(new) is True
+
+
+class RankFailedError(Exception):
+    pass
+
+
+def _raises(error):
+    def body(failing):
+        failing()
+        raise error
+
+    return body

@@ -50,3 +50,18 @@ def test_no_rank_module_keeps_rank_state_in_a_global_of_its_own():
         if names:
             holders[path.stem] = names
     assert holders == {"priority": ["_noted"], "session": ["_session"]}
+
+
+def test_a_local_runs_session_is_its_threads_and_the_others_keep_the_processs():
+    """A rank's control thread answers for the rank (its log channel, its timeline) while
+    the rank's own call thread runs a local run."""
+    import threading
+
+    process = session.current()
+    seen = []
+    with session.installed(session.RankSession(local=True)) as local:
+        other = threading.Thread(target=lambda: seen.append(session.current()))
+        other.start()
+        other.join()
+        assert session.current() is local
+    assert seen == [process] and session.current() is process

@@ -5,10 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import resource
-import shutil
-import subprocess
-import sys
 import threading
 import time
 
@@ -25,7 +21,6 @@ from horovod_ray import (
     WorkerFailedError,
     log,
 )
-from horovod_ray.rank.network import interface_holding, local_interfaces
 from test.conftest import (
     alive_actors,
     live_placement_groups,
@@ -242,68 +237,6 @@ class Counter:
     def bump(self):
         self.value += 1
         return self.value
-
-
-def test_a_ranks_process_loads_the_actor_not_the_jobs_side(ray_4cpu, no_leaks):
-    """Its own job: a function of this module, sent by reference, would import the module
-    and with it the executor."""
-    job_side = (
-        "horovod_ray.executor",
-        "horovod_ray.job.static",
-        "horovod_ray.job.elastic",
-        "horovod_ray.job.elastic_run",
-        "horovod.runner.elastic.driver",
-    )
-
-    def loaded():
-        import sys
-
-        return [name for name in job_side if name in sys.modules]
-
-    with RayExecutor(SETTINGS, num_workers=1) as executor:
-        assert executor.execute_single(lambda _: loaded()) == []
-
-
-class _Node:
-    """A reference-cycle member that a weakref can watch (a list cannot)."""
-
-    def __init__(self):
-        self.me = self
-
-
-class CycleHolder:
-    """An ``executable_cls`` that holds a reference cycle, built after setup's freeze."""
-
-    def __init__(self):
-        self.cycle = _Node()
-
-
-def _collector_state(holder: CycleHolder) -> dict:
-    """What a rank's collector froze before user code, and whether it still frees the
-    cycles that user code (``executable_cls`` included) drops."""
-    import gc
-    import weakref
-
-    # Objects the job's side created on the rank (Ray's, this package's) are frozen...
-    frozen = gc.get_freeze_count()
-    # ...but not the user's: a cycle made here, or by executable_cls, is still freed.
-    refs = [weakref.ref(_Node()), weakref.ref(holder.cycle)]
-    holder.cycle = None
-    gc.collect()
-    return {"frozen": frozen, "freed": [ref() is None for ref in refs]}
-
-
-def test_a_ranks_startup_objects_are_frozen_and_user_cycles_still_freed(ray_4cpu, no_leaks):
-    executor = RayExecutor(SETTINGS, num_workers=2)
-    executor.start(executable_cls=CycleHolder)
-    try:
-        states = executor.execute(_collector_state)
-    finally:
-        executor.stop()
-    for state in states:
-        # Ray's worker alone holds ~50,000 tracked objects before the first call.
-        assert state["frozen"] > 10_000
-        assert state["freed"] == [True, True]
 
 
 def test_executable_cls_is_built_on_every_rank_after_the_env(ray_4cpu, no_leaks):
@@ -709,54 +642,6 @@ def test_failing_executable_cls_releases_everything(ray_4cpu, no_leaks):
     assert executor.state is ExecutorState.FAILED
 
 
-def test_nics_none_of_which_a_node_has_fail_the_start_and_release_everything(ray_4cpu, no_leaks):
-    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", "eth-none1"])
-    executor = RayExecutor(settings, num_workers=2)
-    with pytest.raises(ConfigError, match=r"some nodes have none of these interfaces") as info:
-        executor.start()
-    assert info.value.parameter == "nics"
-    assert "'lo'" in str(info.value)  # what the node does have
-    assert executor.state is ExecutorState.FAILED
-
-
-def test_nics_take_the_first_interface_a_node_has(ray_4cpu, no_leaks):
-    # Not loopback, which a job on one node uses without nics.
-    node_ip = ray.util.get_node_ip_address()
-    iface = interface_holding(local_interfaces(), node_ip)
-    assert iface not in (None, "lo"), "this test needs the node's address on a real interface"
-    settings = RayExecutor.create_settings(timeout_s=60, nics=["ens-none0", iface, "lo"])
-    with RayExecutor(settings, num_workers=2) as executor:
-        assert [r["sum"] for r in executor.run(horovod_identity)] == [3.0, 3.0]
-        assert executor.run(lambda: os.environ["HOROVOD_GLOO_IFACE"]) == [iface, iface]
-
-
-def _gpus_seen() -> tuple[str, list[str], int]:
-    """A rank's CUDA_VISIBLE_DEVICES, the GPUs Ray gave it, and its local rank."""
-    import horovod.torch as hvd
-
-    hvd.init()
-    return os.environ["CUDA_VISIBLE_DEVICES"], [str(g) for g in ray.get_gpu_ids()], hvd.local_rank()
-
-
-@pytest.mark.parametrize("kind", ["static", "elastic"])
-def test_fake_gpus_share_cuda_visible_devices_per_node(kind):
-    """Every rank of a node sees the node's GPUs, so that horovod's own idiom
-    ``gpus[hvd.local_rank()]`` works on every local rank, in both kinds of job (an
-    elastic rank once saw only its own GPU)."""
-    start_local_ray(num_cpus=4, num_gpus=2)  # both kinds share it
-    sizes = {"static": {"num_workers": 2}, "elastic": {"min_workers": 2, "max_workers": 2}}
-    with RayExecutor(SETTINGS, use_gpu=True, **sizes[kind]) as executor:
-        seen = executor.run(_gpus_seen)
-    own = sorted((g for _, ids, _ in seen for g in ids), key=int)
-    assert len(own) == 2
-    # Each rank sees both GPUs (a static job's ranks, one sorted list).
-    assert all(sorted(visible.split(","), key=int) == own for visible, _, _ in seen)
-    if kind == "static":
-        assert [visible for visible, _, _ in seen] == [",".join(own)] * 2
-    # Local rank i takes GPU i of what it sees: two ranks, two different GPUs.
-    assert sorted(visible.split(",")[local] for visible, _, local in seen) == own
-
-
 def test_nested_inside_an_actor_that_holds_a_placement_group(ray_4cpu, no_leaks):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -800,121 +685,6 @@ def test_start_without_ray_says_to_call_ray_init():
     out = run_fresh_python(code, timeout_s=120)
     assert "ERR Ray is not initialised: call ray.init()" in out
     assert "INIT False" in out
-
-
-def test_ranks_at_a_lowered_priority_are_named_once_with_the_fix(
-    ray_4cpu, no_leaks, caplog, monkeypatch
-):
-    from horovod_ray.rank import priority
-
-    monkeypatch.setattr(priority, "_noted", False)
-    # The tests' Ray starts its workers at Ray's default niceness.
-    with caplog.at_level(logging.INFO, logger="horovod_ray.rank.priority"):
-        for _ in range(2):
-            with RayExecutor(SETTINGS, num_workers=2) as executor:
-                niceness = executor.run(lambda: os.nice(0))
-    assert niceness == [15, 15]
-    noted = [r.getMessage() for r in caplog.records if "niceness" in r.getMessage()]
-    assert noted == [
-        f"the ranks run at niceness 15 (Ray's worker_niceness), behind every other process "
-        f"of their node; {priority.HINT}, or create_settings(niceness=0) where the ranks "
-        f"may raise their priority"
-    ]
-    assert "RAY_worker_niceness=0 ray start" in noted[0]
-
-
-def _thread_nicenesses() -> list[int]:
-    """Every thread's niceness in this rank, one started now included."""
-    import threading
-
-    done = threading.Event()
-    later = threading.Thread(target=done.wait)
-    later.start()
-    try:
-        tids = [int(tid) for tid in os.listdir("/proc/self/task")]
-        return [os.getpriority(os.PRIO_PROCESS, tid) for tid in tids]
-    finally:
-        done.set()
-        later.join()
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="lowering Ray's niceness needs root")
-def test_a_niceness_asked_for_is_taken_by_every_thread_of_every_rank(
-    ray_4cpu, no_leaks, caplog, monkeypatch
-):
-    from horovod_ray.rank import priority
-
-    monkeypatch.setattr(priority, "_noted", False)
-    settings = RayExecutor.create_settings(timeout_s=60, verbose=0, niceness=0)
-    # Ray's workers here run at 15; the tests run as root, which may lower it.
-    with caplog.at_level(logging.INFO, logger="horovod_ray.rank.priority"):
-        with RayExecutor(settings, num_workers=2) as executor:
-            ranks = executor.run(_thread_nicenesses)
-    for threads in ranks:
-        assert len(threads) > 5  # Ray's threads too, not only the caller's
-        assert set(threads) == {0}
-    # Nothing to advise: the user chose.
-    assert [r for r in caplog.records if r.name == "horovod_ray.rank.priority"] == []
-
-
-_UNPRIVILEGED_START = """
-import json
-import ray
-from ray.util import state
-from horovod_ray import ConfigError, RayExecutor
-
-ray.init(address="local", num_cpus=2, log_to_driver=False)  # the state API needs the dashboard
-address = ray.get_runtime_context().gcs_address
-executor = RayExecutor(RayExecutor.create_settings(timeout_s=30, niceness=0), num_workers=2)
-try:
-    executor.start()
-    outcome = {"started": True}
-except ConfigError as err:
-    outcome = {"parameter": err.parameter, "message": str(err), "state": executor.state.value}
-alive = state.list_actors(address=address, filters=[("state", "=", "ALIVE")])
-groups = ray.util.placement_group_table().values()
-outcome["alive"] = len(alive)
-outcome["groups"] = sorted({group["state"] for group in groups})
-ray.shutdown()
-print(json.dumps(outcome))
-"""
-
-
-def _can_drop_sys_nice() -> bool:
-    """Whether setpriv can take CAP_SYS_NICE away here (it needs CAP_SETPCAP), leaving a
-    process that may not lower its niceness at all (RLIMIT_NICE 0)."""
-    from horovod_ray.rank import priority
-
-    cap_setpcap = 8
-    with open("/proc/self/status") as status:
-        has_setpcap = priority.has_capability(status.read(), cap_setpcap)
-    return (
-        shutil.which("setpriv") is not None
-        and has_setpcap
-        and resource.getrlimit(resource.RLIMIT_NICE)[0] == 0
-    )
-
-
-@pytest.mark.skipif(not _can_drop_sys_nice(), reason="needs setpriv, CAP_SETPCAP, RLIMIT_NICE 0")
-def test_a_niceness_the_ranks_may_not_take_fails_the_start_and_releases_everything():
-    import json
-
-    # A driver, and so its Ray and ranks, without CAP_SYS_NICE: the ranks run at Ray's
-    # 15 and may not lower it.
-    drop = ["setpriv", "--bounding-set", "-sys_nice", "--inh-caps", "-sys_nice", "--"]
-    result = subprocess.run(
-        [*drop, sys.executable, "-c", _UNPRIVILEGED_START],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    assert outcome["parameter"] == "niceness"
-    assert outcome["message"].startswith("niceness=0 is out of reach for 2 rank(s)")
-    assert "it runs at 15 and may go no lower than 15" in outcome["message"]
-    assert outcome["state"] == "failed"
-    assert outcome["alive"] == 0 and outcome["groups"] == ["REMOVED"]
 
 
 def test_start_logs_one_table_of_ranks_at_info(ray_4cpu, no_leaks, caplog):

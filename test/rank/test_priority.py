@@ -1,6 +1,6 @@
 """The ranks' niceness: what a process may take, the driver's check, the rank's side.
 
-No Ray here; ``test_executor.py`` sets real ranks' niceness.
+No Ray here; ``test_niceness.py`` sets real ranks' niceness.
 """
 
 from __future__ import annotations

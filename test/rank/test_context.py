@@ -1,5 +1,5 @@
 """``horovod_ray.get_context()`` on the ranks of each entry point: ``run()``,
-``RayExecutor``, a command of ``horovod-ray run`` (Tune's: test_tune.py)."""
+``RayExecutor``, a command of ``horovod-ray run`` (Tune's: test/tune/test_trainable.py)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from horovod_ray.executor import ExecutorState, RayExecutor
 from horovod_ray.job.layouts import WorkerLayout
 from horovod_ray.job.lifecycle import FINAL
 from horovod_ray.rank.calls import pickle_fn
-from horovod_ray.settings import Settings, create_settings, require_positive
+from horovod_ray.settings import Settings, create_settings, require_positive, require_settings
 from horovod_ray.tune.parcels import pack_checkpoint
 from horovod_ray.tune.session import (
     TrialFacts,
@@ -210,14 +210,42 @@ def _check_signature(func: Callable[..., Any]) -> None:
         ) from err
 
 
+def _trial_settings(settings: object, timeout_s: float | None, name: str | None) -> Settings:
+    """The settings of every trial's job, checked; named by the function (each trial's
+    job shows under it in its metrics and ``horovod-ray status``) unless they name it."""
+    if settings is None:
+        return create_settings(timeout_s=120 if timeout_s is None else timeout_s, name=name)
+    settings = require_settings(settings)
+    if timeout_s is not None:
+        raise ConfigError(
+            "timeout_s",
+            "timeout_s is given here and settings are too: give it in "
+            "RayExecutor.create_settings(timeout_s=...) alone",
+        )
+    if settings.storage is not None or settings.validation is not None:
+        raise ConfigError(
+            "settings",
+            "settings hold a storage_path (or validation_config): a trial's checkpoints are "
+            "Tune's; give tune.RunConfig(storage_path=...) to the Tuner instead",
+        )
+    if settings.timeline is not None:
+        raise ConfigError(
+            "settings",
+            "settings hold a timeline: every trial's job would write the same file; set "
+            "HOROVOD_TIMELINE on the ranks for one per rank 0's node instead",
+        )
+    return settings if settings.name else dataclasses.replace(settings, name=name)
+
+
 def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovod.ray.tune
     func: Callable[[dict], Any],
     num_hosts: int = 1,
     num_slots: int = 1,
     num_cpus_per_slot: float = 1,
     use_gpu: bool = False,
-    timeout_s: float = 120,
+    timeout_s: float | None = None,
     *,
+    settings: Settings | None = None,
     datasets: Mapping[str, Any] | None = None,
     data_config: Any = None,
 ) -> type[tune.Trainable]:
@@ -231,7 +259,15 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
         num_slots: Ranks per node.
         num_cpus_per_slot: CPUs each rank reserves.
         use_gpu: Reserve one GPU per rank.
-        timeout_s: Seconds Gloo waits for peers before failing.
+        timeout_s: Seconds Gloo waits for peers before failing (None: 120, or the
+            ``settings``' own).
+        settings: The job settings ``run()`` and ``RayExecutor`` take, from
+            ``RayExecutor.create_settings(...)``, for every trial's job: ``nics``,
+            ``stall_timeout_s``, ``niceness``, ``placement_group_timeout_s``, ``verbose``,
+            ``metrics``, ``report_values``, ``find_stragglers``, ``name`` (None: the
+            function's). Not ``storage_path`` nor ``validation_config`` (a trial's
+            checkpoints are Tune's: ``tune.RunConfig(storage_path=...)``), nor
+            ``timeline`` (every trial would write the same file).
         datasets: Ray Data for each trial's ranks (as ``run()``'s): name ->
             ``ray.data.Dataset``, split afresh over every trial's ranks;
             ``horovod_ray.get_dataset_shard(name)`` in ``func`` gives a rank its part.
@@ -251,8 +287,7 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
     require_positive("num_cpus_per_slot", num_cpus_per_slot)
     if not isinstance(use_gpu, bool):
         raise ConfigError("use_gpu", f"use_gpu must be True or False, got {use_gpu!r}")
-    # Named by the function: each trial's job shows under it (metrics, horovod-ray status).
-    settings = create_settings(timeout_s=timeout_s, name=getattr(func, "__name__", None) or None)
+    settings = _trial_settings(settings, timeout_s, getattr(func, "__name__", None) or None)
     layout = WorkerLayout(
         num_hosts=num_hosts,
         num_workers_per_host=num_slots,

@@ -14,7 +14,8 @@ import pytest
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
 
-from horovod_ray import ConfigError
+from horovod_ray import ConfigError, RayExecutor
+from horovod_ray.settings import STALL_SHUTDOWN_ENV
 from horovod_ray.tune import DistributedTrainableCreator
 from test import checkpointed_training
 from test.conftest import alive_actors, live_placement_groups, wait_until
@@ -211,6 +212,36 @@ def _two_args(config, extra):
     pass
 
 
+SETTINGS = RayExecutor.create_settings(timeout_s=30)
+
+
+def _storing_settings():
+    import tempfile
+
+    return RayExecutor.create_settings(storage_path=tempfile.gettempdir(), name="trials")
+
+
+def report_job_settings(config):
+    """What the trial's job told its ranks: its name, Gloo's timeout, the stall's."""
+    _hvd()
+    keys = ("HOROVOD_RAY_JOB_NAME", "HOROVOD_GLOO_TIMEOUT_SECONDS", STALL_SHUTDOWN_ENV)
+    tune.report({key: os.environ.get(key) for key in keys})
+
+
+def test_a_trials_job_takes_the_settings_run_takes(ray_4cpu, tmp_path):
+    settings = RayExecutor.create_settings(timeout_s=45, stall_timeout_s=70, name="tuned")
+    trainable = DistributedTrainableCreator(report_job_settings, num_slots=2, settings=settings)
+    tuner = tune.Tuner(
+        trainable,
+        run_config=tune.RunConfig(name="settings", storage_path=str(tmp_path), verbose=0),
+    )
+    (result,) = tuner.fit()
+    assert result.error is None
+    keys = ("HOROVOD_RAY_JOB_NAME", "HOROVOD_GLOO_TIMEOUT_SECONDS", STALL_SHUTDOWN_ENV)
+    assert [result.metrics[key] for key in keys] == ["tuned", "45", "70"]
+    assert wait_until(lambda: alive_actors() == [])
+
+
 def _no_args():
     pass
 
@@ -224,6 +255,10 @@ def _no_args():
         (report_ranks, {"num_cpus_per_slot": 0}, "num_cpus_per_slot"),
         (report_ranks, {"use_gpu": "no"}, "use_gpu"),
         (report_ranks, {"timeout_s": -1}, "timeout_s"),
+        (report_ranks, {"settings": {"nics": ["lo"]}}, "settings"),
+        (report_ranks, {"settings": SETTINGS, "timeout_s": 30}, "timeout_s"),
+        (report_ranks, {"settings": _storing_settings()}, "settings"),
+        (report_ranks, {"settings": RayExecutor.create_settings(timeline="t.json")}, "settings"),
         ("report_ranks", {}, "func"),
         (_two_args, {}, "func"),
         (_no_args, {}, "func"),

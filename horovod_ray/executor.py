@@ -15,7 +15,12 @@ import ray
 from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.data.spec import data_spec
-from horovod_ray.errors import ConfigError, ExecutorStateError, WorkerFailedError
+from horovod_ray.errors import (
+    ConfigError,
+    ExecutorStateError,
+    StartCancelledError,
+    WorkerFailedError,
+)
 from horovod_ray.failures import restarts
 from horovod_ray.job import kinds
 from horovod_ray.job.attempt import JobAttempt
@@ -266,7 +271,14 @@ class RayExecutor:
             else:
                 self._bring_up(0, env, executable)
 
-        restarts.attempts(self._restarts, attempt, wait=self._wait_to_restart, causes=self._causes)
+        try:
+            restarts.attempts(
+                self._restarts, attempt, wait=self._wait_to_restart, causes=self._causes
+            )
+        except WorkerFailedError as err:
+            if self._cancel.is_set():  # stop() cut the wait before a new attempt
+                raise StartCancelledError() from err
+            raise
 
     def _bring_up(self, number: int, env: dict[str, str], executable: bytes | None) -> None:
         """Attempt ``number``, from STARTING, up (``JobAttempt.bring_up``; STARTING kept

@@ -9,7 +9,13 @@ import threading
 import pytest
 
 import horovod_ray
-from horovod_ray import ConfigError, ExecutorState, RayExecutor, WorkerFailedError
+from horovod_ray import (
+    ConfigError,
+    ExecutorState,
+    RayExecutor,
+    StartCancelledError,
+    WorkerFailedError,
+)
 from test.conftest import ctrl_c_once, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,6 +110,42 @@ def test_ctrl_c_during_the_back_off_ends_the_job_stopped(ray_4cpu, no_leaks):
         finally:
             presser.join()
             executor.stop()
+
+
+class _FailsFirst:
+    """An ``executable_cls`` that fails in attempt 0, once it has said so in ``folder``."""
+
+    def __init__(self, folder: str) -> None:
+        if horovod_ray.attempt() == 0:
+            open(os.path.join(folder, f"failed-{os.getpid()}"), "w").close()
+            raise ValueError("no dataset in attempt 0")
+
+
+def test_a_failed_start_is_tried_again_and_stop_during_its_wait_cancels_it(
+    ray_4cpu, no_leaks, tmp_path
+):
+    executor = RayExecutor(SETTINGS, num_workers=2, max_restarts=1)
+    executor.start(executable_cls=_FailsFirst, executable_args=[str(tmp_path)])
+    try:
+        assert executor.run(horovod_ray.attempt) == [1, 1]  # the start's second attempt
+    finally:
+        executor.stop()
+    (tmp_path / "second").mkdir()
+    executor = RayExecutor(SETTINGS, num_workers=2, max_restarts=3)
+    stopper = threading.Thread(
+        target=lambda: (
+            wait_until(lambda: any((tmp_path / "second").iterdir()), 60) and executor.stop()
+        )
+    )
+    stopper.start()
+    try:
+        with pytest.raises(StartCancelledError) as info:
+            executor.start(executable_cls=_FailsFirst, executable_args=[str(tmp_path / "second")])
+        assert "no dataset in attempt 0" in str(info.value.__cause__)
+    finally:
+        stopper.join()
+        executor.stop()
+    assert executor.state is ExecutorState.STOPPED
 
 
 @pytest.mark.parametrize(

@@ -261,6 +261,8 @@ class RayExecutor:
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
         self._start_inputs = (dict(env), executable)
+        if self._restarts.max_restarts:
+            env[restarts.ATTEMPT_ENV] = "0"  # not one a node's environment may hold
         self._now.prepare(env)
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")

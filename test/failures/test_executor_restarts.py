@@ -49,6 +49,7 @@ def test_a_failed_call_runs_again_on_a_new_job_within_the_executors_budget(ray_4
     executor.start(executable_cls=_Built)
     try:
         first_pids = set(executor.run(os.getpid))
+        assert executor.run(lambda: os.environ["HOROVOD_RAY_ATTEMPT"]) == ["0", "0"]
         job_id = executor.job_id
         results = executor.execute(_rank_1_fails_in({0}))
         # Attempt 1 on every rank, each built again there, on new processes, and their

@@ -16,12 +16,8 @@ from ray.util.placement_group import PlacementGroup
 
 from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import (
-    ConfigError,
     ExecutorStateError,
-    StartCancelledError,
-    WorkerFailedError,
 )
-from horovod_ray.failures import restarts
 from horovod_ray.job import kinds
 from horovod_ray.job.attempt import JobAttempt
 from horovod_ray.job.layouts import job_layouts, with_old_names
@@ -31,6 +27,7 @@ from horovod_ray.job.lifecycle import (
     ExecutorState,
     Lifecycle,
 )
+from horovod_ray.job.restarting import Restarts
 from horovod_ray.rank import calls
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.settings import Settings, create_settings, require_settings
@@ -142,13 +139,6 @@ class RayExecutor:
         }
         self.settings = settings = require_settings(settings)
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
-        self._restarts = restarts.RestartPolicy(max_restarts)
-        if max_restarts and self.elastic is not None:
-            raise ConfigError(
-                "max_restarts",
-                "an elastic job recovers in place (its survivors reset): max_restarts is "
-                "for static jobs; drop it, or give num_workers/num_hosts instead of min_workers",
-            )
         self._data = data_spec(datasets, data_config)
         # Its metrics and GCS record, its side of the run's folder, the timeline's request,
         # its datasets' split.
@@ -165,11 +155,9 @@ class RayExecutor:
         self._calls = CallGate(self._lifecycle, self._now.kind)
         # Set by stop() while start() runs: start() then gives up at its next wait.
         self._cancel = Cancel()
-        # The attempt the job is (0 until a failed call restarts it), and start()'s inputs
-        # for a restart.
-        self._attempt = 0
-        self._causes: list[WorkerFailedError] = []  # each failed attempt's, for the last error
-        self._start_inputs: tuple[dict[str, str], bytes | None] = ({}, None)
+        self._restarts = Restarts(
+            max_restarts, self.elastic is not None, self._lifecycle, self._cancel
+        )
 
     # ----------------------------------------------------------------- introspection
 
@@ -260,9 +248,7 @@ class RayExecutor:
         env, executable = kinds.start_inputs(
             executable_cls, executable_args, executable_kwargs, extra_env_vars
         )
-        self._start_inputs = (dict(env), executable)
-        if self._restarts.max_restarts:
-            env[restarts.ATTEMPT_ENV] = "0"  # not one a node's environment may hold
+        self._restarts.keep(env, executable)
         self._now.prepare(env)
         if not self._lifecycle.transition([ExecutorState.CREATED], ExecutorState.STARTING):
             raise ExecutorStateError("start() raced with another start() or stop()")
@@ -271,58 +257,28 @@ class RayExecutor:
             if number:
                 self._restart(number)
             else:
-                self._bring_up(0, env, executable)
+                self._restarts.bring_up(self._now, 0, env, executable)
+            self._started()
 
-        try:
-            restarts.attempts(
-                self._restarts, attempt, wait=self._wait_to_restart, causes=self._causes
-            )
-        except WorkerFailedError as err:
-            if self._cancel.is_set():  # stop() cut the wait before a new attempt
-                raise StartCancelledError() from err
-            raise
-
-    def _bring_up(self, number: int, env: dict[str, str], executable: bytes | None) -> None:
-        """Attempt ``number``, from STARTING, up (``JobAttempt.bring_up``; STARTING kept
-        when the restart policy will try it again)."""
-        self._now.bring_up(
-            self._lifecycle, self._cancel, env, executable, lambda err: self._again(err, number)
-        )
-        if (message := self._now.kind.started_message()) is not None:
-            logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
-
-    def _again(self, failure: BaseException, number: int) -> bool:
-        """Whether attempt ``number``'s ``failure`` is followed by another attempt."""
-        return not self._cancel.is_set() and self._restarts.decide(failure, number) is not None
+        self._restarts.loop(attempt, start=True)
 
     def _restart(self, number: int) -> None:
-        """Attempt ``number`` of the job, from STARTING (the failed attempt's ranks were
-        released): a new ``JobAttempt`` (the checkpoint to resume from, a new split of
-        the datasets, the same telemetry), started as start() did."""
-        self._attempt = number
-        env, executable = self._start_inputs
-        env = {**env, restarts.ATTEMPT_ENV: str(number)}
-        telemetry = self._now.sides.telemetry
-        try:
-            self._now = JobAttempt(self.settings, self.layout, None, self._data, telemetry)
-            self._calls.replace(self._now.kind)
-            telemetry.restarted()
-            self._now.prepare(env)
-        except BaseException as err:  # noqa: BLE001 - fail_start re-raises it
-            self._lifecycle.fail_start(err, lambda: None, self._cancel.is_set())
-        self._bring_up(number, env, executable)
+        """Attempt ``number``: a new ``JobAttempt``, the job's from then on."""
 
-    def _wait_to_restart(self, seconds: float) -> bool:
-        """The back-off before a restart, cut short by stop(): then the job ends STOPPED
-        (stop() waits for that) and False says no restart."""
-        try:
-            if not self._cancel.wait(seconds):
-                return True
-        except BaseException:  # Ctrl-C: the job is released already, and ends here
-            self._lifecycle.finish_start(lambda: None, cancelled=True)
-            raise
-        self._lifecycle.finish_start(lambda: None, cancelled=True)
-        return False
+        def install(now: JobAttempt) -> None:
+            self._now = now
+            self._calls.replace(now.kind)
+
+        self._restarts.restart(
+            number,
+            self._now.sides.telemetry,
+            lambda telemetry: JobAttempt(self.settings, self.layout, None, self._data, telemetry),
+            install,
+        )
+
+    def _started(self) -> None:
+        if (message := self._now.kind.started_message()) is not None:
+            logger.log(logging.INFO if self.settings.verbose >= 1 else logging.DEBUG, message)
 
     # ------------------------------------------------------------------------ calls
 
@@ -430,24 +386,19 @@ class RayExecutor:
         started and the call made again."""
 
         def attempt(number: int) -> list[Any]:
-            if number > self._attempt:
+            if number > self._restarts.number:
                 self._restart(number)
+                self._started()
             kind = self._calls.job(action, call, counted=True)
             return self._calls.run(
                 action,
                 lambda failing: body(kind, failing),
                 lambda: self._now.release(grace_s=0),
-                lambda err: self._again(err, number),
+                lambda err: self._restarts.again(err, number),
                 kind,
             )
 
-        return restarts.attempts(
-            self._restarts,
-            attempt,
-            first=self._attempt,
-            wait=self._wait_to_restart,
-            causes=self._causes,
-        )
+        return self._restarts.loop(attempt)
 
     # ------------------------------------------------------------------------- stop
 

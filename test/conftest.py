@@ -113,7 +113,7 @@ def start_cluster(cpus_per_node: list[int]) -> ray.cluster_utils.Cluster:
     return cluster
 
 
-def stop_ray() -> None:
+def shut_down_own_ray() -> None:
     """Shuts down whatever Ray this process holds (a later fixture starts its own)."""
     _shutdown()
 

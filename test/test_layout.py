@@ -102,7 +102,7 @@ DRAWN = {
     },
     "tune": {"checkpoints", "data", "executor", "errors", "job", "rank", "settings"},
     "run": {"data", "executor", "errors", "failures", "local_ray", "rank", "settings"},
-    "executor": {"data", "errors", "failures", "job", "rank", "settings"},
+    "executor": {"data", "errors", "job", "rank", "settings"},
     "job": {
         "checkpoints",
         "data",

@@ -8,6 +8,7 @@ about to take away (both kinds leave them), ``layouts`` for what the ranks are,
 ``placement`` for the placement group and its bundles, ``bringup`` for how each rank is
 started (the same path for both kinds), ``sides`` for what a job keeps beside its ranks
 (metrics, the run's folder, the timeline), ``attempt`` for one attempt of the job (its
-kind and sides, brought up and released together; a restart makes a new one), and
+kind and sides, brought up and released together; a restart makes a new one),
+``restarting`` for a static job's restarts, and
 ``lifecycle`` for the states and the moves between them.
 """

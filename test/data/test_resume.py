@@ -15,7 +15,7 @@ import ray
 
 import horovod_ray
 from horovod_ray import RayExecutor
-from test.conftest import start_cluster, start_local_ray, stop_ray
+from test.conftest import shut_down_own_ray, start_cluster, start_local_ray
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -138,7 +138,7 @@ def test_an_elastic_job_that_loses_a_node_mid_epoch_reads_every_row_once(tmp_pat
             executor.stop()
         (job,) = [job for job in horovod_ray.jobs(all=True) if job.id == executor.job_id]
     finally:
-        stop_ray()
+        shut_down_own_ray()
     assert job.resets >= 1  # the world changed mid-epoch (and may have grown back)
     results = outcome["results"]
     seen, sizes = results[0]["seen"], results[0]["sizes"]

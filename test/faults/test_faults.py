@@ -29,9 +29,9 @@ from test.conftest import (
     alive_actors,
     ctrl_c_once,
     live_placement_groups,
+    shut_down_own_ray,
     start_cluster,
     start_local_ray,
-    stop_ray,
     wait_until,
 )
 
@@ -228,7 +228,7 @@ def two_nodes():
     loses one of them."""
     cluster = start_cluster([0, 2, 2])
     yield cluster
-    stop_ray()
+    shut_down_own_ray()
 
 
 def test_a_rank_that_dies_after_a_node_is_lost_is_not_named_the_cause(two_nodes):

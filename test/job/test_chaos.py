@@ -11,7 +11,7 @@ import pytest
 
 from horovod_ray import RayExecutor
 from horovod_ray.elastic import TestDiscovery
-from test.conftest import same_on_every_rank, start_cluster, stop_ray
+from test.conftest import same_on_every_rank, shut_down_own_ray, start_cluster
 from test.elastic_training import Heard, progress, train
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,7 +23,7 @@ def cluster():
     machine's address, so RayHostDiscovery names each by its node id."""
     cluster = start_cluster([0, 2, 2, 2])
     yield cluster
-    stop_ray()
+    shut_down_own_ray()
 
 
 def _until(condition, timeout_s: float, what: str, run: threading.Thread) -> None:

@@ -20,7 +20,7 @@ from horovod_ray.elastic import RayHostDiscovery
 from horovod_ray.errors import ElasticLimitError, ExecutorStateError
 from horovod_ray.rank import logs
 from test.autoscaling import alive_worker_nodes, drain_node, standing_request
-from test.conftest import same_on_every_rank, start_cluster, stop_ray
+from test.conftest import same_on_every_rank, shut_down_own_ray, start_cluster
 from test.elastic_training import (
     Heard,
     grow_after_a_slow_start,
@@ -38,7 +38,7 @@ def cluster():
     """A 0-CPU head and three 2-CPU nodes: room for 6 ranks."""
     cluster = start_cluster([0, 2, 2, 2])
     yield cluster
-    stop_ray()
+    shut_down_own_ray()
 
 
 @pytest.fixture

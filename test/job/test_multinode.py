@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 import horovod_ray
 from horovod_ray import NodeDrainingError, PlacementTimeoutError, RayExecutor
 from test.checkpointed_training import steps_told_of_drains
-from test.conftest import doc_blocks, start_cluster, stop_ray
+from test.conftest import doc_blocks, shut_down_own_ray, start_cluster
 from test.test_executor import horovod_identity
 
 pytestmark = pytest.mark.timeout(240)
@@ -34,7 +34,7 @@ def uneven_cluster():
     """Three nodes with 3, 2 and 1 CPUs."""
     cluster = start_cluster([3, 2, 1])
     yield cluster
-    stop_ray()
+    shut_down_own_ray()
 
 
 def _check_consistent(results, executor):

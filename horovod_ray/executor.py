@@ -260,7 +260,7 @@ class RayExecutor:
                 self._restarts.bring_up(self._now, 0, env, executable)
             self._started()
 
-        self._restarts.loop(attempt, start=True)
+        self._restarts.loop(attempt, self._release_now, start=True)
 
     def _restart(self, number: int) -> None:
         """Attempt ``number``: a new ``JobAttempt``, the job's from then on."""
@@ -393,12 +393,16 @@ class RayExecutor:
             return self._calls.run(
                 action,
                 lambda failing: body(kind, failing),
-                lambda: self._now.release(grace_s=0),
+                self._release_now,
                 lambda err: self._restarts.again(err, number),
                 kind,
             )
 
-        return self._restarts.loop(attempt)
+        return self._restarts.loop(attempt, self._release_now)
+
+    def _release_now(self) -> None:
+        """Releases the attempt that runs, at once (a failed call's, a failed start's)."""
+        self._now.release(grace_s=0)
 
     # ------------------------------------------------------------------------- stop
 

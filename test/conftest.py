@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import re
@@ -207,16 +206,17 @@ def live_placement_groups() -> list:
 
 @contextlib.contextmanager
 def ctrl_c_once() -> Iterator[tuple]:
-    """(a callback that interrupts the main thread the first time it is called, the event
-    set then), with Python's SIGINT handler meanwhile, as a terminal's Ctrl-C: even where
-    the run was started with SIGINT ignored (a shell's background job), which makes
-    ``interrupt_main()`` a no-op."""
+    """(a callback that sends SIGINT to the main thread the first time it is called, the
+    event set then), with Python's SIGINT handler meanwhile, as a terminal's Ctrl-C: it
+    cuts short the wait the main thread is in (``interrupt_main()`` would only mark it for
+    the first Python line after that wait), even where the run was started with SIGINT
+    ignored (a shell's background job)."""
     interrupted = threading.Event()
 
     def interrupt(_item: object) -> None:
         if not interrupted.is_set():
             interrupted.set()
-            _thread.interrupt_main()
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -233,6 +233,27 @@ def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.2):
         time.sleep(interval_s)
         value = predicate()
     return value
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _modules_give_the_shared_ray_back() -> Iterator[None]:
+    """A module that ends with the shared local Ray's CPUs still taken fails there, naming
+    what holds them, and that Ray is shut down: a leak is reported once, where it was made,
+    not as the placement timeouts of every later module that shares the Ray."""
+    yield
+    kind = _current["kind"]
+    if not (ray.is_initialized() and isinstance(kind, tuple) and kind[0] == "local"):
+        return
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if wait_until(lambda: ray.available_resources().get("CPU", 0.0) >= total, 30):
+        return
+    free = ray.available_resources().get("CPU", 0.0)
+    held = [
+        *(f"actor {a.class_name} {a.actor_id[:8]} pid {a.pid}" for a in alive_actors()),
+        *(f"placement group {g.placement_group_id[:8]} {g.state}" for g in live_placement_groups()),
+    ]
+    _shutdown()
+    pytest.fail(f"{total - free:g} of {total:g} CPUs still taken after the module: {held}")
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 from horovod_ray.errors import ConfigError, StartCancelledError, WorkerFailedError
 from horovod_ray.failures import restarts
 from horovod_ray.job.attempt import JobAttempt
-from horovod_ray.job.lifecycle import Cancel, Lifecycle
+from horovod_ray.job.lifecycle import Cancel, ExecutorState, Lifecycle
 from horovod_ray.observe.job import JobTelemetry
 
 T = TypeVar("T")
@@ -85,9 +85,17 @@ class Restarts:
             self._lifecycle.fail_start(err, lambda: None, self._cancel.is_set())
         self.bring_up(now, number, env, executable)
 
-    def loop(self, run_attempt: Callable[[int], T], start: bool = False) -> T:
+    def loop(
+        self, run_attempt: Callable[[int], T], release: Callable[[], None], start: bool = False
+    ) -> T:
         """``restarts.attempts`` from the attempt that runs, with this job's causes and a
-        wait that stop() cuts short; for ``start``, that cut raises StartCancelledError."""
+        wait that stop() cuts short; for ``start``, that cut raises StartCancelledError.
+
+        Whatever ends the loop between a failed attempt and the next one's bring-up (a
+        Ctrl-C there, as in the wait) ends the job as the wait's cut does: ``release()``
+        (the last attempt's ranks, released already: a no-op) and STOPPED (FAILED for an
+        error that is no interrupt), never a job left STARTING that nothing will start.
+        """
         try:
             return restarts.attempts(
                 self.policy, run_attempt, first=self.number, wait=self._wait, causes=self._causes
@@ -95,7 +103,16 @@ class Restarts:
         except WorkerFailedError as err:
             if start and self._cancel.is_set():  # stop() cut the wait before a new attempt
                 raise StartCancelledError() from err
+            self._end_between(err, release)
             raise
+        except BaseException as err:
+            self._end_between(err, release)
+            raise
+
+    def _end_between(self, err: BaseException, release: Callable[[], None]) -> None:
+        if self._lifecycle.state is ExecutorState.STARTING:
+            interrupted = self._cancel.is_set() or isinstance(err, KeyboardInterrupt)
+            self._lifecycle.finish_start(release, cancelled=interrupted)
 
     def _wait(self, seconds: float) -> bool:
         """The back-off before a restart, cut short by stop(): then the job ends STOPPED

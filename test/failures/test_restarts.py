@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from horovod_ray.errors import (
@@ -12,6 +14,8 @@ from horovod_ray.errors import (
     WorkerFailedError,
 )
 from horovod_ray.failures.restarts import RestartPolicy, attempts
+from horovod_ray.job.lifecycle import Cancel, ExecutorState, Lifecycle
+from horovod_ray.job.restarting import Restarts
 
 pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
 
@@ -122,3 +126,34 @@ def test_a_later_first_attempt_spends_the_rest_of_the_budget():
         _loop(RestartPolicy(3), run, first=2)
     assert "--- attempt 2: " in str(info.value) and "--- attempt 3: " in str(info.value)
     assert run.numbers == [2, 3] and run.told == [(2, 4.0, 1)]
+
+
+class _RaisesAsTheRestartIsSaid(logging.Handler):
+    """Raises ``error`` where the restart is logged: after the failed attempt was released
+    (the job STARTING), before the wait."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    def emit(self, record: logging.LogRecord) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error, final",
+    [(KeyboardInterrupt(), ExecutorState.STOPPED), (RuntimeError("disk full"), ExecutorState.FAILED)],
+)
+def test_what_ends_the_loop_between_attempts_ends_the_job(error, final):
+    lifecycle = Lifecycle(initial=ExecutorState.STARTING)  # as a failed call leaves it
+    job, released = Restarts(1, False, lifecycle, Cancel()), []
+    logger = logging.getLogger("horovod_ray.failures.restarts")
+    handler = _RaisesAsTheRestartIsSaid(error)
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(type(error)):
+            job.loop(_Attempts(FAILED), lambda: released.append(True))
+    finally:
+        logger.removeHandler(handler)
+    # Not left STARTING, where a stop() waits 30 s for a start that never comes.
+    assert lifecycle.state is final and released == [True]

@@ -8,12 +8,14 @@ admits the calls (``lifecycle.CallGate``); a kind of job (``kinds.JobKind``: ``s
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import ray
 from ray.util.placement_group import PlacementGroup
 
+from horovod_ray import config
 from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import (
     ExecutorStateError,
@@ -129,15 +131,17 @@ class RayExecutor:
         datasets: Mapping[str, Any] | None = None,
         data_config: Any = None,
         max_restarts: int = 0,
+        scaling_config: Any = None,
+        run_config: Any = None,
     ) -> None:
-        # Every argument but settings, the data and the restarts says what the job is: its
-        # layouts check them all.
-        arguments = {
-            k: v
-            for k, v in locals().items()
-            if k not in ("self", "settings", "datasets", "data_config", "max_restarts")
-        }
-        self.settings = settings = require_settings(settings)
+        # Every argument but settings, the data, the restarts and Ray's config objects says
+        # what the job is: its layouts check them all.
+        arguments = {k: v for k, v in locals().items() if k in _DEFAULTS and k not in _NOT_LAYOUT}
+        wanted = config.from_ray(scaling_config, run_config)
+        wanted.refuse_beside({**arguments, "max_restarts": max_restarts}, _DEFAULTS)
+        arguments.update(wanted.sizing)
+        max_restarts = wanted.run.get("max_restarts", max_restarts)
+        self.settings = settings = wanted.settings(require_settings(settings))
         self.layout, self.elastic = job_layouts(**with_old_names(arguments))
         self._data = data_spec(datasets, data_config)
         # Its metrics and GCS record, its side of the run's folder, the timeline's request,
@@ -428,3 +432,20 @@ class RayExecutor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+# RayExecutor's keywords as it defaults them (a config object beside one given refuses it),
+# and those that are not the job's layout.
+_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(RayExecutor.__init__).parameters.items()
+    if name != "self"
+}
+_NOT_LAYOUT = (
+    "settings",
+    "datasets",
+    "data_config",
+    "max_restarts",
+    "scaling_config",
+    "run_config",
+)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 import os
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ray
 
-from horovod_ray import local_ray
+from horovod_ray import config, local_ray
 from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.failures import restarts
@@ -55,6 +56,8 @@ def run(
     validation_config: Any = None,
     datasets: Mapping[str, Any] | None = None,
     data_config: Any = None,
+    scaling_config: Any = None,
+    run_config: Any = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -143,6 +146,15 @@ def run(
             go whole to every rank), Ray Data's execution options; or a
             ``horovod_ray.DataConfig(resumable=True)``: split in order, each rank's
             position kept (``state_dict()``) for a restart to read on from.
+        scaling_config: A ``ray.train.ScalingConfig``, instead of the sizing keywords
+            (``num_hosts``, ``num_slots``, ``cpus_per_slot``, ``use_gpu``,
+            ``min_workers``, ``max_workers``): ``num_workers=N`` ranks placed by its
+            ``placement_strategy`` (PACK, STRICT_SPREAD or STRICT_PACK), or
+            ``num_workers=(min, max)`` for an elastic job; ``resources_per_worker``'s
+            CPU and GPU for each rank (docs/ray_train.rst).
+        run_config: A ``ray.train.RunConfig`` (or Tune's), instead of ``name``,
+            ``storage_path``, ``storage_filesystem`` and ``checkpoint_config``; its
+            ``failure_config``'s ``max_failures`` is ``max_restarts``.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -165,6 +177,24 @@ def run(
     # Here, not at the top: a rank's process imports this module (see __init__).
     from horovod_ray.executor import RayExecutor
 
+    wanted = config.from_ray(scaling_config, run_config)
+    wanted.refuse_beside(
+        {
+            "num_hosts": num_hosts,
+            "num_slots": num_slots,
+            "cpus_per_slot": cpus_per_slot,
+            "use_gpu": use_gpu,
+            "min_workers": min_workers,
+            "max_workers": max_workers,
+            "storage_path": storage_path,
+            "name": name,
+            "storage_filesystem": storage_filesystem,
+            "checkpoint_config": checkpoint_config,
+            "max_restarts": max_restarts,
+        },
+        _DEFAULTS,
+    )
+    max_restarts = wanted.run.get("max_restarts", max_restarts)
     settings = create_settings(
         timeout_s=timeout_s,
         placement_group_timeout_s=placement_group_timeout_s,
@@ -181,10 +211,15 @@ def run(
         timeline=timeline,
         validation_config=validation_config,
     )
-    elastic = min_workers is not None or max_workers is not None
+    settings = wanted.settings(settings)
+    elastic = wanted.elastic or min_workers is not None or max_workers is not None
     restarts.RestartPolicy(max_restarts)  # checked first, whatever else is wrong
     _check_sizes(elastic, num_hosts, num_slots, max_restarts)
     if local is not False:
+        if scaling_config is not None:
+            raise ConfigError(
+                "scaling_config", "local=True runs one rank in this process: drop scaling_config"
+            )
         _check_local(local, elastic, num_hosts, num_slots, max_restarts)
         if not callable(train_fn):
             raise ConfigError("train_fn", f"train_fn must be callable, got {train_fn!r}")
@@ -199,15 +234,19 @@ def run(
     if settings.name is None and getattr(train_fn, "__name__", None):
         # Named by its function in its metrics and ``horovod-ray status``.
         settings = dataclasses.replace(settings, name=train_fn.__name__)
+    sizing = dict(wanted.sizing) or {
+        "num_hosts": None if elastic else 1 if num_hosts is None else num_hosts,
+        "num_workers_per_host": 1 if num_slots is None else num_slots,
+        "cpus_per_worker": cpus_per_slot,
+        "use_gpu": use_gpu,
+        "min_workers": min_workers,
+        "max_workers": max_workers,
+    }
+    discovery_interval_s = sizing.pop("discovery_interval_s", discovery_interval_s)
     with named_as(_RUN_NAMES):
         job = RayExecutor(  # checks the job's arguments
             settings,
-            num_hosts=None if elastic else 1 if num_hosts is None else num_hosts,
-            num_workers_per_host=1 if num_slots is None else num_slots,
-            cpus_per_worker=cpus_per_slot,
-            use_gpu=use_gpu,
-            min_workers=min_workers,
-            max_workers=max_workers,
+            **sizing,
             reset_limit=reset_limit,
             cooldown_range=cooldown_range,
             elastic_timeout=elastic_timeout,
@@ -221,8 +260,12 @@ def run(
         call = calls.prepare(train_fn, args, kwargs, fn_name="train_fn")
         env = check_env(env, "env")
     callbacks = calls.check_callbacks(callbacks)
-    ranks = (max_workers or min_workers) if elastic else (num_hosts or 1) * (num_slots or 1)
-    _ensure_ray(num_cpus=math.ceil(ranks * cpus_per_slot))
+    bounds, layout = job.elastic, job.layout
+    if bounds is not None:
+        ranks = bounds.max_workers or bounds.min_workers
+    else:  # run() gives a count or hosts, never a host list
+        ranks = layout.num_workers or layout.num_hosts * layout.num_workers_per_host
+    _ensure_ray(num_cpus=math.ceil(ranks * layout.cpus_per_worker))
     # One job, whatever its restarts (the executor's: ``failures/restarts``).
     try:
         job.start(extra_env_vars=env)
@@ -231,6 +274,10 @@ def run(
         job.stop()
 
 
+# run()'s keywords as it defaults them: a config object beside one given refuses it.
+_DEFAULTS = {
+    name: parameter.default for name, parameter in inspect.signature(run).parameters.items()
+}
 # RayExecutor's parameters under the names run() gives them.
 _RUN_NAMES = {
     "num_workers_per_host": "num_slots",

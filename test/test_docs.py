@@ -73,7 +73,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         "set_memory_growth",
         "stall_timeout_s=4",
         'create_settings(name="listed")',
-        "scaling_config=ScalingConfig(num_workers=2)",
+        "trainer = TorchTrainer(",
         'print("horovod_ray", result.metrics',
         "get_preemption_info() is not None",
         "validation_config=ValidationConfig(evaluate)",
@@ -139,9 +139,7 @@ def test_the_ray_train_page_runs_both_twins(joined):
     Data's in the Ray it ran in (its autoscaling coordinator): removed here, as the later
     tests' leak checks (and their autoscaler) expect the Ray as it was."""
     try:
-        trainer = run_fresh_python(
-            _block("scaling_config=ScalingConfig(num_workers=2)"), SNIPPET_S, join_ray=True
-        )
+        trainer = run_fresh_python(_block("trainer = TorchTrainer("), SNIPPET_S, join_ray=True)
     finally:
         with contextlib.suppress(ValueError):  # none was started
             ray.kill(ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator"))

@@ -101,8 +101,9 @@ DRAWN = {
         "settings",
     },
     "tune": {"checkpoints", "data", "executor", "errors", "job", "rank", "settings"},
-    "run": {"data", "executor", "errors", "failures", "local_ray", "rank", "settings"},
-    "executor": {"data", "errors", "job", "rank", "settings"},
+    "run": {"config", "data", "executor", "errors", "failures", "local_ray", "rank", "settings"},
+    "executor": {"config", "data", "errors", "job", "rank", "settings"},
+    "config": {"errors", "settings"},
     "job": {
         "checkpoints",
         "data",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +125,50 @@ def test_a_failed_job_restarts_and_resumes_from_its_checkpoint(ray_4cpu, no_leak
     assert (job.state, job.restarts, job.ranks_wanted) == ("stopped", 1, 2)
 
 
+def _reports_and_resumes() -> tuple[int, int]:
+    """Reports a checkpoint each step; rank 1 dies in attempt 0 once two are reported.
+    Returns (the attempt, the step it resumed from)."""
+    import horovod.torch as hvd
+    import torch
+    from ray.train import Checkpoint
+
+    hvd.init()
+    start = 0
+    if (checkpoint := horovod_ray.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(Path(folder, "step").read_text())
+    for step in range(start, 4):
+        hvd.allreduce(torch.tensor(1.0))
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step").write_text(str(step + 1))
+            horovod_ray.report({"step": step + 1}, checkpoint=Checkpoint.from_directory(folder))
+        if step == 1 and horovod_ray.attempt() == 0 and hvd.rank() == 1:
+            os._exit(3)
+    return horovod_ray.attempt(), start
+
+
+def test_ray_trains_config_objects_size_store_and_restart_the_job(ray_4cpu, no_leaks, tmp_path):
+    """Asked for as a Ray Train user asks: two ranks, a run folder, two restarts; the
+    restart resumes from the run folder's latest checkpoint."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+    results = horovod_ray.run(
+        _reports_and_resumes,
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1.5}),
+        run_config=RunConfig(
+            name="from-ray",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=2),
+        ),
+    )
+    (attempt, start), second = results
+    assert second == (attempt, start) and attempt == 1
+    assert start >= 1  # rank 0's first report at least was committed before rank 1 died
+    assert horovod_ray.Result.from_path(str(tmp_path / "from-ray")).metrics["step"] == 4
+    (job,) = [job for job in horovod_ray.jobs(all=True) if job.name == "from-ray"]
+    assert (job.state, job.restarts, job.ranks_wanted) == ("stopped", 1, 2)
+
+
 def test_a_spent_restart_budget_lists_every_attempt(ray_4cpu, no_leaks):
     def train():
         if os.environ["HOROVOD_RANK"] == "0":
@@ -153,7 +199,18 @@ BAD_RUN_CALLS = [
     ("run(len, max_restarts=-1)", "max_restarts"),
     ("run(len, max_restarts=1.5)", "max_restarts"),
     ("run(len, min_workers=2, max_restarts=1)", "max_restarts"),
-]
+    # Ray Train's config objects: each wrong field named, and one beside its keywords.
+    ("run(len, scaling_config={'num_workers': 2})", "scaling_config"),
+    ("run(len, num_slots=2, scaling_config=ScalingConfig(num_workers=2))", "scaling_config"),
+    ("run(len, local=True, scaling_config=ScalingConfig(num_workers=1))", "scaling_config"),
+    ("run(len, scaling_config=ScalingConfig(placement_strategy='SPREAD'))",
+     "scaling_config.placement_strategy"),
+    ("run(len, scaling_config=ScalingConfig(resources_per_worker={'memory': 1}))",
+     "scaling_config.resources_per_worker"),
+    ("run(len, name='a', run_config=RunConfig(name='b'))", "run_config"),
+    ("run(len, run_config=RunConfig(failure_config=FailureConfig(max_failures=-1)))",
+     "run_config.failure_config.max_failures"),
+]  # fmt: skip
 
 
 def test_bad_input_is_refused_before_ray_starts():
@@ -164,6 +221,7 @@ def test_bad_input_is_refused_before_ray_starts():
     code = (
         "import threading, ray\n"
         "from horovod_ray import run, ConfigError\n"
+        "from ray.train import FailureConfig, RunConfig, ScalingConfig\n"
         "lock = threading.Lock()\n"
         f"{calls}\n"
         "print('RAY', ray.is_initialized())\n"

@@ -142,7 +142,10 @@ class _RaisesAsTheRestartIsSaid(logging.Handler):
 
 @pytest.mark.parametrize(
     "error, final",
-    [(KeyboardInterrupt(), ExecutorState.STOPPED), (RuntimeError("disk full"), ExecutorState.FAILED)],
+    [
+        (KeyboardInterrupt(), ExecutorState.STOPPED),
+        (RuntimeError("disk full"), ExecutorState.FAILED),
+    ],
 )
 def test_what_ends_the_loop_between_attempts_ends_the_job(error, final):
     lifecycle = Lifecycle(initial=ExecutorState.STARTING)  # as a failed call leaves it

@@ -11,7 +11,7 @@ stands for: one of the two forms, not both, says what the job is.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from horovod_ray.errors import ConfigError
 from horovod_ray.settings import Settings, create_settings, require_positive
@@ -221,21 +221,9 @@ class FromRay:
         """Refuses keywords given (not at their ``defaults``) beside the config object
         that stands for them: any sizing one beside a ScalingConfig, and beside a
         RunConfig those it sets (``max_restarts`` only with its ``failure_config``)."""
-        for parameter, names in (
-            ("scaling_config", SIZING | set(self.sizing) if self.sizing else set()),
-            ("run_config", set(self.run)),
-        ):
-            clashing = [
-                name
-                for name, value in given.items()
-                if name in names and not _same(value, defaults[name])
-            ]
-            if clashing:
-                raise ConfigError(
-                    parameter,
-                    f"{parameter} and {', '.join(clashing)} both say what the job is: give "
-                    f"{parameter} alone, or the keywords without it",
-                )
+        if self.sizing:
+            refuse("scaling_config", SIZING | set(self.sizing), given, defaults)
+        refuse("run_config", set(self.run), given, defaults)
 
     def settings(self, settings: Settings) -> Settings:
         """``settings`` with the RunConfig's name and storage (checked as
@@ -251,6 +239,26 @@ class FromRay:
         run = {k: v for k, v in self.run.items() if k != "max_restarts"}
         made = create_settings(**run)
         return dataclasses.replace(settings, storage=made.storage, name=made.name)
+
+
+def refuse(
+    parameter: str, names: Collection[str], given: Mapping[str, Any], defaults: Mapping[str, Any]
+) -> None:
+    """Refuses the keywords of ``names`` that are ``given`` (not at their ``defaults``)
+    beside the object ``parameter``, which stands for them.
+
+    Raises:
+        ConfigError: Naming ``parameter`` and those keywords.
+    """
+    clashing = [
+        name for name, value in given.items() if name in names and not _same(value, defaults[name])
+    ]
+    if clashing:
+        raise ConfigError(
+            parameter,
+            f"{parameter} and {', '.join(clashing)} both say what the job is: give "
+            f"{parameter} alone, or the keywords without it",
+        )
 
 
 def _same(value: object, default: object) -> bool:

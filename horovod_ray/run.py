@@ -16,7 +16,13 @@ from horovod_ray.data.spec import data_spec
 from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.failures import restarts
 from horovod_ray.rank import calls
-from horovod_ray.settings import STALL_TIMEOUT_S, check_env, create_settings
+from horovod_ray.settings import (
+    STALL_TIMEOUT_S,
+    Settings,
+    check_env,
+    create_settings,
+    require_settings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +64,7 @@ def run(
     data_config: Any = None,
     scaling_config: Any = None,
     run_config: Any = None,
+    settings: Settings | None = None,
 ) -> list[Any]:
     """Runs ``train_fn(*args, **kwargs)`` on ``num_hosts * num_slots`` Horovod ranks.
 
@@ -155,6 +162,12 @@ def run(
         run_config: A ``ray.train.RunConfig`` (or Tune's), instead of ``name``,
             ``storage_path``, ``storage_filesystem`` and ``checkpoint_config``; its
             ``failure_config``'s ``max_failures`` is ``max_restarts``.
+        settings: The job settings ``RayExecutor`` takes
+            (``RayExecutor.create_settings(...)``), instead of the keywords they hold
+            (``timeout_s``, ``nics``, ``stall_timeout_s``, ``niceness``,
+            ``placement_group_timeout_s``, the storage ones, ``metrics``,
+            ``report_values``, ``find_stragglers``, ``timeline``,
+            ``validation_config``); None (its name too) names the job ``train_fn``'s.
 
     Returns:
         Each rank's return value, in world-rank order (an elastic job's final world).
@@ -195,22 +208,27 @@ def run(
         _DEFAULTS,
     )
     max_restarts = wanted.run.get("max_restarts", max_restarts)
-    settings = create_settings(
-        timeout_s=timeout_s,
-        placement_group_timeout_s=placement_group_timeout_s,
-        nics=nics,
-        stall_timeout_s=stall_timeout_s,
-        niceness=niceness,
-        storage_path=storage_path,
-        name=name,
-        checkpoint_config=checkpoint_config,
-        storage_filesystem=storage_filesystem,
-        metrics=metrics,
-        report_values=report_values,
-        find_stragglers=find_stragglers,
-        timeline=timeline,
-        validation_config=validation_config,
-    )
+    job_settings = {
+        "timeout_s": timeout_s,
+        "placement_group_timeout_s": placement_group_timeout_s,
+        "nics": nics,
+        "stall_timeout_s": stall_timeout_s,
+        "niceness": niceness,
+        "storage_path": storage_path,
+        "name": name,
+        "checkpoint_config": checkpoint_config,
+        "storage_filesystem": storage_filesystem,
+        "metrics": metrics,
+        "report_values": report_values,
+        "find_stragglers": find_stragglers,
+        "timeline": timeline,
+        "validation_config": validation_config,
+    }
+    if settings is None:
+        settings = create_settings(**job_settings)
+    else:
+        config.refuse("settings", job_settings, job_settings, _DEFAULTS)
+        settings = require_settings(settings)
     settings = wanted.settings(settings)
     elastic = wanted.elastic or min_workers is not None or max_workers is not None
     restarts.RestartPolicy(max_restarts)  # checked first, whatever else is wrong

@@ -210,6 +210,11 @@ BAD_RUN_CALLS = [
     ("run(len, name='a', run_config=RunConfig(name='b'))", "run_config"),
     ("run(len, run_config=RunConfig(failure_config=FailureConfig(max_failures=-1)))",
      "run_config.failure_config.max_failures"),
+    # The job settings as one object: not beside the keywords they hold.
+    ("run(len, settings={'timeout_s': 5})", "settings"),
+    ("run(len, timeout_s=5, settings=RayExecutor.create_settings())", "settings"),
+    ("run(len, settings=RayExecutor.create_settings(name='a'), run_config=RunConfig(name='b'))",
+     "run_config"),
 ]  # fmt: skip
 
 
@@ -220,7 +225,7 @@ def test_bad_input_is_refused_before_ray_starts():
     )
     code = (
         "import threading, ray\n"
-        "from horovod_ray import run, ConfigError\n"
+        "from horovod_ray import run, ConfigError, RayExecutor\n"
         "from ray.train import FailureConfig, RunConfig, ScalingConfig\n"
         "lock = threading.Lock()\n"
         f"{calls}\n"
@@ -315,3 +320,19 @@ def test_config_error_is_a_value_error():
     with pytest.raises(ValueError):
         horovod_ray.run(len, num_slots=0)
     assert isinstance(ConfigError("x", "y"), ValueError)
+
+
+@pytest.mark.unit
+def test_job_settings_given_as_one_object_name_and_store_the_run(tmp_path):
+    """As RayExecutor takes them; run here (local=True: no Ray) to see them reach the run."""
+    from ray.train import Checkpoint
+
+    def train():
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "step").write_text("1")
+            horovod_ray.report({"step": 1}, checkpoint=Checkpoint.from_directory(folder))
+        return horovod_ray.get_context().get_experiment_name()
+
+    settings = horovod_ray.RayExecutor.create_settings(name="one", storage_path=str(tmp_path))
+    assert horovod_ray.run(train, local=True, settings=settings) == ["one"]
+    assert horovod_ray.Result.from_path(str(tmp_path / "one")).metrics["step"] == 1

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from horovod_ray.data.config import DataConfig
     from horovod_ray.elastic import ElasticRayExecutor
     from horovod_ray.executor import RayExecutor
+    from horovod_ray.trainer.horovod_trainer import HorovodTrainer
 
 __all__ = [
     "Callback",
@@ -55,6 +56,7 @@ __all__ = [
     "ExecutorStateError",
     "HangError",
     "HorovodRayError",
+    "HorovodTrainer",
     "JobStatus",
     "NodeDrainingError",
     "PlacementTimeoutError",
@@ -83,6 +85,7 @@ __all__ = [
 # Imported when first used (see above): name -> its module.
 _LAZY = {
     "RayExecutor": "horovod_ray.executor",
+    "HorovodTrainer": "horovod_ray.trainer.horovod_trainer",
     "ElasticRayExecutor": "horovod_ray.elastic",
     "DataConfig": "horovod_ray.data.config",
 }

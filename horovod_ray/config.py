@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Collection, Mapping
 
-from horovod_ray.errors import ConfigError
+from horovod_ray.errors import ConfigError, named_as
 from horovod_ray.settings import Settings, create_settings, require_positive
 
 # The sizing keywords a ScalingConfig stands for: RayExecutor's, horovod.ray's older
@@ -204,6 +204,37 @@ def run(config: object) -> dict[str, Any]:
         if failure.max_failures:  # 0, Ray's default (RunConfig makes one): not asked
             keywords["max_restarts"] = failure.max_failures
     return keywords
+
+
+# Ray's HorovodConfig fields that mean something here, and Ray's defaults for them.
+_HOROVOD_FIELDS = {"timeout_s": 300, "placement_group_timeout_s": 100, "nics": None, "verbose": 1}
+
+
+def horovod(horovod_config: object) -> Settings:
+    """A ``HorovodTrainer``'s ``horovod_config`` as the job's settings: Ray's
+    ``HorovodConfig`` (its ``timeout_s``, ``placement_group_timeout_s``, ``nics``,
+    ``verbose``; None: Ray's defaults, a 300 s Gloo timeout among them), or horovod_ray's
+    own settings without storage (that is the ``RunConfig``'s).
+
+    Raises:
+        ConfigError: Naming the field (``horovod_config.nics``, ...).
+    """
+    if isinstance(horovod_config, Settings):
+        if horovod_config.storage is not None or horovod_config.validation is not None:
+            raise ConfigError(
+                "horovod_config",
+                "horovod_config's settings may not hold storage_path or validation_config: "
+                "give the run's storage in run_config=RunConfig(storage_path=..., name=...)",
+            )
+        return horovod_config
+    if horovod_config is None:
+        return create_settings(**_HOROVOD_FIELDS)
+    _require(horovod_config, "HorovodConfig", "horovod_config")
+    keywords = {name: getattr(horovod_config, name) for name in _HOROVOD_FIELDS}
+    if isinstance(keywords["nics"], (set, frozenset)) and len(keywords["nics"]) == 1:
+        keywords["nics"] = list(keywords["nics"])
+    with named_as({name: f"horovod_config.{name}" for name in _HOROVOD_FIELDS}):
+        return create_settings(**keywords)
 
 
 @dataclasses.dataclass(frozen=True)

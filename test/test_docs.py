@@ -56,7 +56,7 @@ def _block(marker: str) -> str:
 
 
 def test_the_docs_have_the_snippets_this_test_runs():
-    assert len(PYTHON) == 19
+    assert len(PYTHON) == 20
     for marker in (
         "num_slots=2, callbacks=[print]",
         "torch.tensor(float(hvd.rank()))",
@@ -74,6 +74,7 @@ def test_the_docs_have_the_snippets_this_test_runs():
         "stall_timeout_s=4",
         'create_settings(name="listed")',
         "trainer = TorchTrainer(",
+        "trainer = HorovodTrainer(",
         'print("horovod_ray", result.metrics',
         "get_preemption_info() is not None",
         "validation_config=ValidationConfig(evaluate)",
@@ -131,6 +132,11 @@ def test_cloud_pages_preemption_snippet(joined):
     """Without a drain it trains to the end (test/job/test_multinode.py drains a node)."""
     out = run_fresh_python(_block("get_preemption_info() is not None"), SNIPPET_S, join_ray=True)
     assert out.strip().splitlines()[-1] == "[20, 20]"
+
+
+def test_the_ray_train_pages_horovod_trainer_script_runs(joined):
+    out = run_fresh_python(_block("trainer = HorovodTrainer("), SNIPPET_S, join_ray=True)
+    assert out.splitlines()[-1] == "HorovodTrainer 2 True"
 
 
 def test_the_ray_train_page_runs_both_twins(joined):

@@ -1,0 +1,156 @@
+"""``HorovodTrainer``: Ray Train's ``HorovodTrainer``, which Ray 2.60 removed, over a
+horovod_ray job. Its config objects go through ``horovod_ray.config`` as ``run()``'s do;
+``fit()`` runs the job with ``run()`` and reads its run folder back as Ray's ``Result``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from horovod_ray import config
+from horovod_ray.checkpoints.result import Result as RunResult
+from horovod_ray.errors import ConfigError, WorkerFailedError
+
+
+class HorovodTrainer:
+    """Runs ``train_loop_per_worker`` on every rank of a Horovod job, as Ray Train's
+    ``HorovodTrainer`` did (Ray 2.x; Ray 2.60 removed it): the same arguments, Ray's own
+    config objects, and ``ray.train.report``, ``get_context``, ``get_checkpoint``,
+    ``get_dataset_shard`` and ``get_all_reported_checkpoints`` answering inside the loop
+    (Ray Train v2's, Ray's default).
+
+    Args:
+        train_loop_per_worker: The training function, taking ``config`` or nothing; it
+            calls ``hvd.init()``.
+        train_loop_config: Passed to it as ``config`` (None: ``{}``).
+        horovod_config: A ``ray.train.horovod.HorovodConfig``: its ``timeout_s``,
+            ``placement_group_timeout_s``, ``nics`` and ``verbose`` (its SSH fields mean
+            nothing here: Ray starts the ranks); or horovod_ray's job settings
+            (``RayExecutor.create_settings(...)``) without storage.
+        scaling_config: A ``ray.train.ScalingConfig`` (``num_workers=N`` or
+            ``(min, max)`` for an elastic job, ``use_gpu``, ``resources_per_worker``,
+            ``placement_strategy``); None: one rank.
+        run_config: A ``ray.train.RunConfig``: the run's ``name`` and ``storage_path``
+            (Ray's default: ``~/ray_results``), ``checkpoint_config``, and
+            ``failure_config``'s ``max_failures`` (a restart resumes from the latest
+            checkpoint: ``ray.train.get_checkpoint()``).
+        datasets: Ray Data for the ranks, name -> ``ray.data.Dataset``
+            (``ray.train.get_dataset_shard(name)``).
+        dataset_config: A ``ray.train.DataConfig``.
+        resume_from_checkpoint: Not supported: give the run's ``name`` and
+            ``storage_path`` again, and it resumes from its latest checkpoint.
+        metadata: Not supported (Ray Train v2 refuses it too).
+
+    Raises:
+        ConfigError: A bad argument, naming it, before anything is started.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Mapping[str, Any] | None = None,
+        horovod_config: Any = None,
+        scaling_config: Any = None,
+        run_config: Any = None,
+        datasets: Mapping[str, Any] | None = None,
+        dataset_config: Any = None,
+        resume_from_checkpoint: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        from ray.train import RunConfig, ScalingConfig
+
+        from horovod_ray.trainer import ray_hook
+
+        if not callable(train_loop_per_worker):
+            raise ConfigError(
+                "train_loop_per_worker",
+                f"train_loop_per_worker must be a function, got {train_loop_per_worker!r}",
+            )
+        try:
+            self._with_config = ray_hook.takes_config(train_loop_per_worker)
+        except ValueError as err:
+            raise ConfigError("train_loop_per_worker", str(err)) from None
+        if train_loop_config is not None and not isinstance(train_loop_config, Mapping):
+            raise ConfigError(
+                "train_loop_config",
+                f"train_loop_config must be a dict, got {type(train_loop_config).__name__}",
+            )
+        for name, value, instead in (
+            (
+                "resume_from_checkpoint",
+                resume_from_checkpoint,
+                "give run_config=RunConfig(name=..., storage_path=...) of the run again: "
+                "it resumes from its latest checkpoint",
+            ),
+            ("metadata", metadata, "Ray Train v2 refuses it too; drop it"),
+        ):
+            if value is not None:
+                raise ConfigError(name, f"{name} is not supported by horovod_ray: {instead}")
+        self._loop = train_loop_per_worker
+        self._config = dict(train_loop_config or {})
+        scaling_config = ScalingConfig() if scaling_config is None else scaling_config
+        run_config = RunConfig() if run_config is None else run_config
+        wanted = config.from_ray(scaling_config, run_config)
+        self._settings = wanted.settings(config.horovod(horovod_config))
+        if self._settings.storage is None:  # a RunConfig of Tune's without a storage path
+            self._settings = config.FromRay({}, {"storage_path": _default_storage()}).settings(
+                self._settings
+            )
+        self._scaling_config = scaling_config
+        self._max_restarts = wanted.run.get("max_restarts", 0)
+        self._datasets = datasets
+        self._dataset_config = dataset_config
+
+    def fit(self) -> Any:
+        """Runs the job to its end and returns its ``ray.train.Result`` (the last
+        metrics, the latest checkpoint, the checkpoints kept, the run's folder).
+
+        Raises:
+            ray.train.WorkerGroupError: A rank failed (after the restarts of
+                ``FailureConfig(max_failures)``); its ranks' errors in
+                ``worker_failures``.
+        """
+        from ray.train import WorkerGroupError
+
+        from horovod_ray.run import run
+        from horovod_ray.trainer import ray_hook
+
+        try:
+            run(
+                ray_hook.loop_on_rank,
+                args=(self._loop, self._config, self._with_config),
+                scaling_config=self._scaling_config,
+                settings=self._settings,
+                max_restarts=self._max_restarts,
+                datasets=self._datasets,
+                data_config=self._dataset_config,
+            )
+        except WorkerFailedError as err:
+            failures = {rank: RuntimeError(text) for rank, text in err.failures.items()}
+            raise WorkerGroupError(str(err), failures) from err
+        return as_ray_result(RunResult.from_path(self._settings.storage.run_path))
+
+
+def as_ray_result(result: RunResult) -> Any:
+    """horovod_ray's ``Result`` of a run folder as Ray Train's."""
+    import pandas
+    from ray.train import Result
+
+    rows = [metrics for _, metrics in result.best_checkpoints]
+    if result.metrics and (not rows or rows[-1] != result.metrics):
+        rows.append(result.metrics)  # the last report, when it came without a checkpoint
+    return Result(
+        metrics=result.metrics,
+        checkpoint=result.checkpoint,
+        error=None,
+        path=result.path,
+        metrics_dataframe=pandas.DataFrame(rows),
+        best_checkpoints=result.best_checkpoints,
+        _storage_filesystem=result.filesystem,
+    )
+
+
+def _default_storage() -> str:
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    return DEFAULT_STORAGE_PATH

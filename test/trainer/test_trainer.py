@@ -1,0 +1,96 @@
+"""HorovodTrainer on a real local Ray: a Ray Train script's loop, with Ray's own functions
+and config objects, runs on Horovod ranks (horovod.torch) and fit() answers as Ray's."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import ray.data
+import ray.train
+from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+
+from horovod_ray import HorovodTrainer
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def train_loop(config):
+    """A Ray Train loop as Ray's docs write one: only ray.train and hvd in it."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    context = ray.train.get_context()
+    start = 0
+    if (checkpoint := ray.train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(Path(folder, "epoch").read_text())
+    shard = ray.train.get_dataset_shard("train")
+    for epoch in range(start, config["epochs"]):
+        seen = sum(len(b["x"]) for b in shard.iter_torch_batches(batch_size=4))
+        total = float(hvd.allreduce(torch.tensor(float(seen)), op=hvd.Sum))
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "epoch").write_text(str(epoch + 1))
+            metrics = {"epoch": epoch + 1, "rows": total, "size": context.get_world_size()}
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        if epoch == config.get("die_after") and hvd.rank() == 1 and _first_attempt():
+            os._exit(3)  # a rank dies
+    return start
+
+
+def _first_attempt() -> bool:
+    import horovod_ray
+
+    return horovod_ray.attempt() == 0
+
+
+def test_a_ray_train_loop_runs_and_fit_returns_rays_result(ray_4cpu, no_leaks, tmp_path):
+    trainer = HorovodTrainer(
+        train_loop,
+        train_loop_config={"epochs": 2},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="loop", storage_path=str(tmp_path)),
+        datasets={"train": ray.data.range(40).map(lambda row: {"x": row["id"]})},
+    )
+    result = trainer.fit()
+    assert isinstance(result, ray.train.Result)
+    # Each epoch every rank read its part of the 40 rows; the ranks agreed on the sum.
+    assert result.metrics == {"epoch": 2, "rows": 40.0, "size": 2}
+    with result.checkpoint.as_directory() as folder:
+        assert Path(folder, "epoch").read_text() == "2"
+    assert list(result.metrics_dataframe["epoch"]) == [1, 2]
+    assert [metrics["epoch"] for _, metrics in result.best_checkpoints] == [1, 2]
+    assert result.path == str(tmp_path / "loop") and result.error is None
+
+
+def test_failure_config_restarts_from_the_latest_checkpoint_then_fails_as_rays(
+    ray_4cpu, no_leaks, tmp_path
+):
+    data = {"train": ray.data.range(8).map(lambda row: {"x": row["id"]})}
+    trainer = HorovodTrainer(
+        train_loop,
+        train_loop_config={"epochs": 3, "die_after": 0},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="again", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)
+        ),
+        datasets=data,
+    )
+    result = trainer.fit()
+    assert result.metrics["epoch"] == 3
+    # The restart began at the epoch after the checkpoint rank 0 reported before rank 1 died.
+    assert list(result.metrics_dataframe["epoch"]) == [1, 2, 3]
+
+    failing = HorovodTrainer(
+        train_loop,
+        train_loop_config={"epochs": 3, "die_after": 0},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="once", storage_path=str(tmp_path)),
+        datasets=data,
+    )
+    with pytest.raises(ray.train.WorkerGroupError) as info:
+        failing.fit()
+    assert list(info.value.worker_failures) == [1]

@@ -1,0 +1,60 @@
+"""HorovodTrainer's arguments checked when it is made, without Ray: each bad one a
+ConfigError naming it, and Ray's config objects read as run() reads them."""
+
+from __future__ import annotations
+
+import pytest
+from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.horovod import HorovodConfig
+
+from horovod_ray import ConfigError, HorovodTrainer, RayExecutor
+
+pytestmark = pytest.mark.unit  # pure logic: no Ray (make test runs these first)
+
+
+def _loop(config):
+    return config
+
+
+@pytest.mark.parametrize(
+    "arguments, parameter",
+    [
+        ({"train_loop_per_worker": "train.py"}, "train_loop_per_worker"),
+        ({"train_loop_per_worker": lambda a, b: None}, "train_loop_per_worker"),
+        ({"train_loop_config": [("lr", 0.1)]}, "train_loop_config"),
+        ({"horovod_config": {"timeout_s": 5}}, "horovod_config"),
+        ({"horovod_config": HorovodConfig(timeout_s=-1)}, "horovod_config.timeout_s"),
+        ({"horovod_config": HorovodConfig(nics={"eth0", "ens5"})}, "horovod_config.nics"),
+        (
+            {"horovod_config": RayExecutor.create_settings(storage_path="/tmp/runs")},
+            "horovod_config",
+        ),
+        ({"scaling_config": ScalingConfig(num_workers=2, placement_strategy="SPREAD")},
+         "scaling_config.placement_strategy"),
+        ({"run_config": RunConfig(failure_config=FailureConfig(max_failures=-1))},
+         "run_config.failure_config.max_failures"),
+        ({"resume_from_checkpoint": object()}, "resume_from_checkpoint"),
+        ({"metadata": {"a": 1}}, "metadata"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_is_refused_when_the_trainer_is_made(arguments, parameter):
+    arguments = {"train_loop_per_worker": _loop, **arguments}
+    with pytest.raises(ConfigError) as info:
+        HorovodTrainer(**arguments)
+    assert info.value.parameter == parameter
+
+
+def test_rays_defaults_hold_where_nothing_is_given(tmp_path):
+    trainer = HorovodTrainer(
+        _loop,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="n", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=2)
+        ),
+        dataset_config=DataConfig(),
+    )
+    assert trainer._settings.timeout_s == 300  # HorovodConfig's default
+    assert trainer._settings.storage.run_path == str(tmp_path / "n")
+    assert trainer._max_restarts == 2
+    plain = HorovodTrainer(_loop)
+    assert plain._settings.storage.run_path.startswith(str(RunConfig().storage_path))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import ray.data
 import ray.train
+import ray.train.collective
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 
 from horovod_ray import HorovodTrainer
@@ -24,6 +25,8 @@ def train_loop(config):
 
     hvd.init()
     context = ray.train.get_context()
+    ray.train.collective.barrier()
+    config["from_rank_0"] = ray.train.collective.broadcast_from_rank_zero(hvd.rank())
     start = 0
     if (checkpoint := ray.train.get_checkpoint()) is not None:
         with checkpoint.as_directory() as folder:
@@ -35,6 +38,7 @@ def train_loop(config):
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "epoch").write_text(str(epoch + 1))
             metrics = {"epoch": epoch + 1, "rows": total, "size": context.get_world_size()}
+            metrics["from_rank_0"] = config["from_rank_0"]
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
         if epoch == config.get("die_after") and hvd.rank() == 1 and _first_attempt():
             os._exit(3)  # a rank dies
@@ -58,7 +62,7 @@ def test_a_ray_train_loop_runs_and_fit_returns_rays_result(ray_4cpu, no_leaks, t
     result = trainer.fit()
     assert isinstance(result, ray.train.Result)
     # Each epoch every rank read its part of the 40 rows; the ranks agreed on the sum.
-    assert result.metrics == {"epoch": 2, "rows": 40.0, "size": 2}
+    assert result.metrics == {"epoch": 2, "rows": 40.0, "size": 2, "from_rank_0": 0}
     with result.checkpoint.as_directory() as folder:
         assert Path(folder, "epoch").read_text() == "2"
     assert list(result.metrics_dataframe["epoch"]) == [1, 2]

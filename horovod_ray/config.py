@@ -1,7 +1,7 @@
 """Ray Train's config objects in horovod_ray's words: the one place that reads a
-``ScalingConfig`` and a ``RunConfig`` (with its ``FailureConfig`` and
-``CheckpointConfig``), so that ``run()``, ``RayExecutor`` and the Tune adapter build the
-same layouts, settings and restart budget from them as from their own keywords.
+``ScalingConfig``, a ``RunConfig`` (with its ``FailureConfig`` and ``CheckpointConfig``)
+and a ``HorovodConfig``, so that ``run()``, ``RayExecutor`` and ``HorovodTrainer`` build
+the same layouts, settings and restart budget from them as from their own keywords.
 
 A field horovod_ray cannot honour is a ``ConfigError`` naming it (``scaling_config.X``),
 raised before anything is taken; so is a config object given beside the keywords it
@@ -11,10 +11,11 @@ stands for: one of the two forms, not both, says what the job is.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Collection, Mapping
 
 from horovod_ray.errors import ConfigError, named_as
-from horovod_ray.settings import Settings, create_settings, require_positive
+from horovod_ray.settings import Settings, create_settings, require_positive, require_seconds
 
 # The sizing keywords a ScalingConfig stands for: RayExecutor's, horovod.ray's older
 # names and run()'s (the same ones).
@@ -50,6 +51,8 @@ _UNUSED_SCALING = {
     "use_tpu": False,
     "topology": None,
 }
+# The name Ray Train v2's RunConfig gives a run it was not given one for (its date).
+_RAY_MADE_NAME = re.compile(r"ray_train_run-\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}")
 # Ray's elastic resize interval when not given (Train v2): another one is ours to honour.
 _RAY_RESIZE_INTERVAL_S = 60.0
 
@@ -94,14 +97,15 @@ def scaling(config: object) -> dict[str, Any]:
                 f"room: leave placement_strategy as PACK, got {strategy!r}",
             )
         interval = getattr(config, "elastic_resize_monitor_interval_s", _RAY_RESIZE_INTERVAL_S)
-        if interval != _RAY_RESIZE_INTERVAL_S:
+        if interval != _RAY_RESIZE_INTERVAL_S:  # Ray's default (60 s) leaves horovod_ray's
+            require_seconds("scaling_config.elastic_resize_monitor_interval_s", interval)
             keywords["discovery_interval_s"] = interval
     else:
         if count == 0:
             raise ConfigError(
                 "scaling_config.num_workers",
-                "scaling_config.num_workers=0 runs no ranks: for one rank in this process "
-                "(a debugger), call run(..., local=True) without scaling_config",
+                "scaling_config.num_workers=0 runs no ranks: give 1 or more (run(..., "
+                "local=True), without scaling_config, runs one rank in this process)",
             )
         if strategy not in _PLACEMENTS:
             raise ConfigError(
@@ -179,12 +183,35 @@ def run(config: object) -> dict[str, Any]:
         ConfigError: Not a RunConfig, or a field horovod_ray cannot honour.
     """
     _require(config, "RunConfig", "run_config")
-    keywords: dict[str, Any] = {
+    from ray.train import CheckpointConfig
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    # What Ray's RunConfig fills in by itself (Train v2 makes each of these when not
+    # given) is not asked: it neither names the run's storage nor clashes with settings
+    # that do. A named run keeps Ray's default folder, as Ray Train would.
+    given = {
         "storage_path": config.storage_path,
         "name": config.name,
         "storage_filesystem": config.storage_filesystem,
         "checkpoint_config": config.checkpoint_config,
     }
+    made_name = isinstance(config.name, str) and _RAY_MADE_NAME.fullmatch(config.name)
+    unasked = {
+        "name": config.name if made_name else None,
+        "storage_path": DEFAULT_STORAGE_PATH if made_name or not config.name else None,
+        "checkpoint_config": CheckpointConfig(),
+    }
+    keywords = {
+        name: value
+        for name, value in given.items()
+        if value is not None and value != unasked.get(name)
+    }
+    if getattr(config, "stop", None) not in (None, "DEPRECATED"):
+        raise ConfigError(
+            "run_config.stop",
+            "run_config.stop is Tune's stopping rule: a horovod_ray job runs its function "
+            "to its end; stop inside it (or give the Tuner its TuneConfig)",
+        )
     for field in ("callbacks", "worker_runtime_env"):
         if getattr(config, field, None):
             raise ConfigError(
@@ -259,15 +286,15 @@ class FromRay:
     def settings(self, settings: Settings) -> Settings:
         """``settings`` with the RunConfig's name and storage (checked as
         create_settings checks them)."""
-        if not self.run:
+        run = {k: v for k, v in self.run.items() if k != "max_restarts"}
+        if not run:
             return settings
         if settings.storage is not None or settings.name is not None:
             raise ConfigError(
                 "run_config",
-                "run_config and the settings' storage_path/name both say where the run "
-                "goes: give one of them",
+                f"run_config ({', '.join(sorted(run))}) and the settings' storage_path/name "
+                f"both say where the run goes: give one of them",
             )
-        run = {k: v for k, v in self.run.items() if k != "max_restarts"}
         made = create_settings(**run)
         return dataclasses.replace(settings, storage=made.storage, name=made.name)
 

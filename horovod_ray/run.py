@@ -199,6 +199,7 @@ def run(
             "use_gpu": use_gpu,
             "min_workers": min_workers,
             "max_workers": max_workers,
+            "discovery_interval_s": discovery_interval_s,
             "storage_path": storage_path,
             "name": name,
             "storage_filesystem": storage_filesystem,

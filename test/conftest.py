@@ -211,10 +211,10 @@ def ctrl_c_once() -> Iterator[tuple]:
     cuts short the wait the main thread is in (``interrupt_main()`` would only mark it for
     the first Python line after that wait), even where the run was started with SIGINT
     ignored (a shell's background job)."""
-    interrupted = threading.Event()
+    interrupted, closed = threading.Event(), threading.Event()
 
     def interrupt(_item: object) -> None:
-        if not interrupted.is_set():
+        if not interrupted.is_set() and not closed.is_set():  # never after the block
             interrupted.set()
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
@@ -222,6 +222,7 @@ def ctrl_c_once() -> Iterator[tuple]:
     try:
         yield interrupt, interrupted
     finally:
+        closed.set()
         signal.signal(signal.SIGINT, previous)
 
 

@@ -54,11 +54,22 @@ def test_a_run_config_becomes_the_runs_storage_and_restarts():
     assert wanted == {
         "storage_path": "/data",
         "name": "n",
-        "storage_filesystem": None,
         "checkpoint_config": keep,
         "max_restarts": 3,
     }
     assert "max_restarts" not in config.run(tune.RunConfig(name="n"))  # Tune's, no failures
+    # What Ray's RunConfig fills in by itself (~/ray_results, a CheckpointConfig, a
+    # FailureConfig) is not asked; a named run keeps Ray's default folder.
+    assert config.run(RunConfig()) == {}
+    assert config.run(RunConfig(name="n"))["storage_path"] == RunConfig().storage_path
+
+
+def test_a_run_config_of_restarts_alone_goes_beside_settings_that_store_the_run(tmp_path):
+    settings = RayExecutor.create_settings(name="n", storage_path=str(tmp_path))
+    executor = RayExecutor(
+        settings, num_workers=2, run_config=RunConfig(failure_config=FailureConfig(2))
+    )
+    assert executor.settings == settings and executor._restarts.policy.max_restarts == 2
 
 
 def test_an_executor_from_configs_is_the_one_from_keywords(tmp_path):
@@ -133,6 +144,16 @@ def test_an_executor_from_configs_is_the_one_from_keywords(tmp_path):
             "scaling_config.num_workers",
             "local=True",
         ),
+        (
+            {
+                "scaling_config": ScalingConfig(
+                    num_workers=(1, 3), elastic_resize_monitor_interval_s=0
+                )
+            },
+            "scaling_config.elastic_resize_monitor_interval_s",
+            "finite number of seconds",
+        ),
+        ({"run_config": tune.RunConfig(stop={"epoch": 3})}, "run_config.stop", "stopping rule"),
         (
             {"run_config": RunConfig(failure_config=FailureConfig(max_failures=-1))},
             "run_config.failure_config.max_failures",

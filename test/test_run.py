@@ -130,7 +130,7 @@ def _reports_and_resumes() -> tuple[int, int]:
     Returns (the attempt, the step it resumed from)."""
     import horovod.torch as hvd
     import torch
-    from ray.train import Checkpoint
+    from ray.train import Checkpoint, CheckpointUploadMode
 
     hvd.init()
     start = 0
@@ -141,7 +141,12 @@ def _reports_and_resumes() -> tuple[int, int]:
         hvd.allreduce(torch.tensor(1.0))
         with tempfile.TemporaryDirectory() as folder:
             Path(folder, "step").write_text(str(step + 1))
-            horovod_ray.report({"step": step + 1}, checkpoint=Checkpoint.from_directory(folder))
+            # Committed when it returns: rank 1 dies only after rank 0's first one is.
+            horovod_ray.report(
+                {"step": step + 1},
+                checkpoint=Checkpoint.from_directory(folder),
+                checkpoint_upload_mode=CheckpointUploadMode.SYNC,
+            )
         if step == 1 and horovod_ray.attempt() == 0 and hvd.rank() == 1:
             os._exit(3)
     return horovod_ray.attempt(), start

@@ -5,6 +5,7 @@ and loop; the executor says when (its start, its calls)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, TypeVar
 
 from horovod_ray.errors import ConfigError, StartCancelledError, WorkerFailedError
@@ -14,6 +15,7 @@ from horovod_ray.job.lifecycle import Cancel, ExecutorState, Lifecycle
 from horovod_ray.observe.job import JobTelemetry
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class Restarts:
@@ -110,9 +112,14 @@ class Restarts:
             raise
 
     def _end_between(self, err: BaseException, release: Callable[[], None]) -> None:
+        """Ends a job the loop left STARTING; a release that fails then is logged, so
+        that the caller still sees ``err``, what ended the loop."""
         if self._lifecycle.state is ExecutorState.STARTING:
             interrupted = self._cancel.is_set() or isinstance(err, KeyboardInterrupt)
-            self._lifecycle.finish_start(release, cancelled=interrupted)
+            try:
+                self._lifecycle.finish_start(release, cancelled=interrupted)
+            except Exception:  # noqa: BLE001 - err is what the caller is told
+                logger.warning("releasing the job after %r failed", err, exc_info=True)
 
     def _wait(self, seconds: float) -> bool:
         """The back-off before a restart, cut short by stop(): then the job ends STOPPED

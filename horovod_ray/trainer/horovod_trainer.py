@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from horovod_ray import config
 from horovod_ray.checkpoints.result import Result as RunResult
+from horovod_ray.checkpoints.spec import RunStorage
 from horovod_ray.errors import ConfigError, WorkerFailedError
 
 
@@ -103,7 +104,8 @@ class HorovodTrainer:
 
     def fit(self) -> Any:
         """Runs the job to its end and returns its ``ray.train.Result`` (the last
-        metrics, the latest checkpoint, the checkpoints kept, the run's folder).
+        metrics, the latest checkpoint, the checkpoints kept, the run's folder, rank 0's
+        return value).
 
         Raises:
             ray.train.WorkerGroupError: A rank failed (after the restarts of
@@ -116,7 +118,7 @@ class HorovodTrainer:
         from horovod_ray.trainer import ray_hook
 
         try:
-            run(
+            values = run(
                 ray_hook.loop_on_rank,
                 args=(self._loop, self._config, self._with_config),
                 scaling_config=self._scaling_config,
@@ -128,14 +130,27 @@ class HorovodTrainer:
         except WorkerFailedError as err:
             failures = {rank: RuntimeError(text) for rank, text in err.failures.items()}
             raise WorkerGroupError(str(err), failures) from err
-        return as_ray_result(RunResult.from_path(self._settings.storage.run_path))
+        return as_ray_result(self._settings.storage, values[0])
 
 
-def as_ray_result(result: RunResult) -> Any:
-    """horovod_ray's ``Result`` of a run folder as Ray Train's."""
+def as_ray_result(storage: RunStorage, return_value: Any) -> Any:
+    """A finished run as Ray Train's ``Result``: its folder read back, and rank 0's
+    return value. A run that reported nothing left no folder: no metrics then, as in
+    Ray's."""
     import pandas
     from ray.train import Result
 
+    try:
+        result = RunResult.from_path(storage.run_path, storage.filesystem)
+    except ConfigError:  # no folder: nothing was reported
+        return Result(
+            metrics=None,
+            checkpoint=None,
+            error=None,
+            path=storage.run_path,
+            _storage_filesystem=storage.filesystem,
+            return_value=return_value,
+        )
     rows = [metrics for _, metrics in result.best_checkpoints]
     if result.metrics and (not rows or rows[-1] != result.metrics):
         rows.append(result.metrics)  # the last report, when it came without a checkpoint
@@ -147,6 +162,7 @@ def as_ray_result(result: RunResult) -> Any:
         metrics_dataframe=pandas.DataFrame(rows),
         best_checkpoints=result.best_checkpoints,
         _storage_filesystem=result.filesystem,
+        return_value=return_value,
     )
 
 

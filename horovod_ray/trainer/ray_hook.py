@@ -17,7 +17,6 @@ None on these ranks.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import sys
 from typing import Any, Callable, Iterator
 
@@ -98,8 +97,16 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
     """Ray Train v2's per-process answers, given by horovod_ray's rank functions."""
 
     def report(self, metrics: dict, checkpoint: Any = None, **options: Any) -> None:
+        """horovod_ray's ``report``; Ray's ``report`` fills in the deletion its upload
+        mode implies, which stands here for not given (so that a checkpoint reported on
+        a preemption notice is still removed once committed). Unlike Ray's, it is no
+        barrier: only rank 0's reports count, and the others return at once."""
         from horovod_ray.rank import report
 
+        mode = options.get("checkpoint_upload_mode")
+        delete = options.get("delete_local_checkpoint_after_upload")
+        if mode is not None and delete == mode.default_delete_local_checkpoint_after_upload():
+            options["delete_local_checkpoint_after_upload"] = None
         report.report(metrics, checkpoint, **options)
 
     def get_checkpoint(self) -> Any:
@@ -131,7 +138,8 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
         return True
 
     def barrier(self) -> None:
-        _horovod().barrier()
+        # A broadcast every rank waits in: horovod.tensorflow has no barrier().
+        _horovod().broadcast_object(None, root_rank=0)
 
     def broadcast_from_rank_zero(self, data: Any) -> Any:
         return _horovod().broadcast_object(data, root_rank=0)
@@ -170,18 +178,15 @@ def takes_config(train_loop: Callable[..., Any]) -> bool:
     Raises:
         ValueError: It needs more than one argument.
     """
-    required = [
-        p
-        for p in inspect.signature(train_loop).parameters.values()
-        if p.default is inspect.Parameter.empty
-        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    if len(required) > 1:
+    from ray.train._internal.utils import count_required_parameters
+
+    required = count_required_parameters(train_loop)  # as Ray counts them (*args is one)
+    if required > 1:
         raise ValueError(
             f"train_loop_per_worker should take in 0 or 1 required arguments, but it "
-            f"accepts {len(required)} required arguments instead"
+            f"accepts {required} required arguments instead"
         )
-    return len(required) == 1
+    return required == 1
 
 
 def loop_on_rank(train_loop: Callable[..., Any], config: dict, with_config: bool) -> Any:

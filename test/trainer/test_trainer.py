@@ -68,6 +68,7 @@ def test_a_ray_train_loop_runs_and_fit_returns_rays_result(ray_4cpu, no_leaks, t
     assert list(result.metrics_dataframe["epoch"]) == [1, 2]
     assert [metrics["epoch"] for _, metrics in result.best_checkpoints] == [1, 2]
     assert result.path == str(tmp_path / "loop") and result.error is None
+    assert result.return_value == 0  # rank 0's: it started from epoch 0
 
 
 def test_failure_config_restarts_from_the_latest_checkpoint_then_fails_as_rays(
@@ -84,9 +85,10 @@ def test_failure_config_restarts_from_the_latest_checkpoint_then_fails_as_rays(
         datasets=data,
     )
     result = trainer.fit()
-    assert result.metrics["epoch"] == 3
-    # The restart began at the epoch after the checkpoint rank 0 reported before rank 1 died.
-    assert list(result.metrics_dataframe["epoch"]) == [1, 2, 3]
+    assert result.metrics["epoch"] == 3 and list(result.metrics_dataframe["epoch"]) == [1, 2, 3]
+    # The restart began after epoch 1, whose checkpoint rank 0 had committed (Ray's report
+    # uploads before it returns) before rank 1 died: the loop's return value says so.
+    assert result.return_value == 1
 
     failing = HorovodTrainer(
         train_loop,
@@ -97,4 +99,4 @@ def test_failure_config_restarts_from_the_latest_checkpoint_then_fails_as_rays(
     )
     with pytest.raises(ray.train.WorkerGroupError) as info:
         failing.fit()
-    assert list(info.value.worker_failures) == [1]
+    assert 1 in info.value.worker_failures  # the rank that died, named

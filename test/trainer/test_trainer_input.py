@@ -58,3 +58,21 @@ def test_rays_defaults_hold_where_nothing_is_given(tmp_path):
     assert trainer._max_restarts == 2
     plain = HorovodTrainer(_loop)
     assert plain._settings.storage.run_path.startswith(str(RunConfig().storage_path))
+
+
+def test_fit_reads_its_run_back_on_the_runs_own_filesystem(tmp_path, fresh_rank_session):
+    import pyarrow.fs
+
+    import horovod_ray
+    from horovod_ray.trainer.horovod_trainer import as_ray_result
+
+    filesystem = pyarrow.fs.SubTreeFileSystem(str(tmp_path), pyarrow.fs.LocalFileSystem())
+    settings = RayExecutor.create_settings(
+        storage_path="runs", name="n", storage_filesystem=filesystem
+    )
+    empty = as_ray_result(settings.storage, 7)  # nothing reported yet: no folder
+    assert (empty.metrics, empty.checkpoint, empty.return_value) == (None, None, 7)
+    horovod_ray.run(lambda: horovod_ray.report({"step": 1}), local=True, settings=settings)
+    result = as_ray_result(settings.storage, 7)
+    assert result.metrics == {"step": 1} and list(result.metrics_dataframe["step"]) == [1]
+    assert (tmp_path / "runs" / "n").is_dir()  # on the filesystem given, not the local one

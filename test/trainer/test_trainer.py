@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import ray.data
 import ray.train
-import ray.train.collective
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 
 from horovod_ray import HorovodTrainer
@@ -21,6 +20,7 @@ pytestmark = pytest.mark.timeout(240)
 def train_loop(config):
     """A Ray Train loop as Ray's docs write one: only ray.train and hvd in it."""
     import horovod.torch as hvd
+    import ray.train.collective  # on the rank: Train v2's (collection turns v2 off here)
     import torch
 
     hvd.init()

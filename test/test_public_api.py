@@ -49,6 +49,7 @@ PUBLIC = {
         "get_dataset_shard",
         "get_preemption_info",
         "get_all_reported_checkpoints",
+        "HorovodTrainer",
     ],
     "horovod_ray.errors": [
         "CheckpointError",
@@ -65,6 +66,7 @@ PUBLIC = {
         "WorkerFailedError",
     ],
     "horovod_ray.executor": ["RayExecutor"],
+    "horovod_ray.trainer.horovod_trainer": ["HorovodTrainer"],
     "horovod_ray.elastic": [
         "ElasticRayExecutor",
         "RayHostDiscovery",

@@ -240,10 +240,10 @@ test-gpu-line: install
 # check) does not keep the other from its check, and fails the target.
 test-gpu:
 	status=0; \
-	{ $(MAKE) GPU=1 install && .venv-gpu/bin/python -m bench.gpu_check --framework torch; } \
+	{ $(MAKE) GPU=1 install && .venv-gpu/bin/python -m bench.tools.gpu_check --framework torch; } \
 		|| status=$$?; \
 	{ $(MAKE) GPU=tf install && \
-		.venv-gpu-tf/bin/python -m bench.gpu_check --framework tensorflow; } || status=$$?; \
+		.venv-gpu-tf/bin/python -m bench.tools.gpu_check --framework tensorflow; } || status=$$?; \
 	exit $$status
 
 test-bench: install
@@ -316,7 +316,7 @@ bench-quick: install native
 bench-lines: native
 	$(MAKE) TF=2.21 GPU=0 install
 	$(MAKE) TF=2.15 GPU=0 install
-	.venv/bin/python -m bench.lines
+	.venv/bin/python -m bench.harness.lines
 
 clean:
 	rm -rf .venv .venv-tf2.15 .venv-gpu .venv-gpu-tf build *.egg-info .pytest_cache

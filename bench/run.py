@@ -10,14 +10,13 @@ Reports the median and min-max of each figure and the median of the pairwise rat
 writes bench/results/latest.json and PNG plots there. What each figure means:
 docs/benchmarks.rst.
 
-This module is the command line only. The benchmarks are ``bench.b1`` (B1 and the
-sweep), ``bench.b2`` to ``bench.b6`` (B6 elastic with B6), ``bench.scripts`` (B7 and B8),
-``bench.b9`` (restarts and hangs; B12, a restart that resumes, against Ray Train v2, in
-``bench.resume``), ``bench.ingest`` (B13, Ray Data into the ranks, against Ray Train v2's
-``datasets=``), ``bench.cloud`` (B10, a node drained against one
-lost, with Ray Train v2's answer in ``bench.train_drain``; B11, the autoscaler) and
-``bench.scale``; what they share is in ``bench.common``; the table and the plots in
-``bench.report``.
+This module is the command line only. The benchmarks are in ``bench.cases``: ``b1`` (B1
+and the sweep), ``b2`` to ``b6`` (B6 elastic with B6), ``scripts`` (B7 and B8), ``b9``
+(restarts and hangs; B12, a restart that resumes, against Ray Train v2, in ``resume``),
+``ingest`` (B13, Ray Data into the ranks, against Ray Train v2's ``datasets=``), ``cloud``
+(B10, a node drained against one lost, with Ray Train v2's answer in
+``bench.peers.train_drain``; B11, the autoscaler) and ``scale``; what they share is in
+``bench.harness.common``; the table and the plots in ``bench.harness.report``.
 """
 
 from __future__ import annotations
@@ -33,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import b1, b2, b3, b4, b5, b6, b9, cloud, report, scale, scripts
-from bench.common import MODES, NUM_CPUS, RESULTS, Mode, in_own_process
+from bench.cases import b1, b2, b3, b4, b5, b6, b9, cloud, scale, scripts
+from bench.harness import report
+from bench.harness.common import MODES, NUM_CPUS, RESULTS, Mode, in_own_process
 from horovod_ray import local_ray
 
 # What a pass runs unless --only says otherwise; "sweep", "scale" and "scale_start" only
@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     may_install = args.mode != "smoke"
     _on_local_ray(parts, mode, may_install, sweep_points)
     _on_their_own_ray(parts, mode, may_install)
-    parts.run("bt", in_own_process, "bench.bt", args.mode)  # PyTorch's peers
-    parts.run("train_drain", in_own_process, "bench.train_drain", args.mode)  # B10's Train v2
-    parts.run("resume", in_own_process, "bench.resume", args.mode)  # B12, against Train v2
-    parts.run("ingest", in_own_process, "bench.ingest", args.mode)  # B13, Ray Data
+    parts.run("bt", in_own_process, "bench.cases.bt", args.mode)  # PyTorch's peers
+    parts.run("train_drain", in_own_process, "bench.peers.train_drain", args.mode)  # B10's Train v2
+    parts.run("resume", in_own_process, "bench.cases.resume", args.mode)  # B12, against Train v2
+    parts.run("ingest", in_own_process, "bench.cases.ingest", args.mode)  # B13, Ray Data
     results["parts_s"] = parts.seconds
     results["wall_s"] = time.perf_counter() - started
     _write(results, out_path)

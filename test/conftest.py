@@ -23,7 +23,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # (about 17 s here); two a second in the Rays these tests start (about 7 s), so that the
 # tests that kill nodes wait less on Ray's detection, which is not what they test.
 os.environ.setdefault("RAY_health_check_period_ms", "500")
-# Ray Train's API as the caller has it: bench.common, which test modules import, turns
+# Ray Train's API as the caller has it: bench.harness.common, which test modules import, turns
 # Ray Train v2 off for the benchmarks' HorovodTrainer (see pytest_collection_finish).
 _TRAIN_V2 = os.environ.get("RAY_TRAIN_V2_ENABLED")
 
@@ -121,7 +121,7 @@ def horovod_gloo() -> tuple[Path, list[str]]:
     """The Gloo library that ``make install`` compiled into horovod's TensorFlow extension
     (its C++17 copy of third_party/gloo, patches applied), and the defines and include
     folders CMake compiled it with: what a native test (test/native/) builds against."""
-    from bench.scale import horovod_tree
+    from bench.cases.scale import horovod_tree
 
     _, build = horovod_tree()  # this environment's TensorFlow line's
     libraries = sorted(build.glob("third_party/compatible17_gloo/gloo/*.a"))
@@ -272,7 +272,7 @@ def no_leaks(ray_4cpu) -> Iterator[None]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Undoes bench.common's RAY_TRAIN_V2_ENABLED=0 once the modules are imported: the
+    """Undoes bench.harness.common's RAY_TRAIN_V2_ENABLED=0 once the modules are imported: the
     processes and Rays the tests start have Ray Train v2 (``ray.train.ValidationConfig``),
     as a user's do."""
     if _TRAIN_V2 is None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cloud import static_figures
-from bench.train_drain import redone
+from bench.cases.cloud import static_figures
+from bench.peers.train_drain import redone
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """The rendezvous at scale (patches/horovod-0.28.1-rendezvous-batched.patch).
 
-Real ranks rendezvous in O(1) requests each; the scale harness (bench/scale.py) sends
+Real ranks rendezvous in O(1) requests each; the scale harness (bench/cases/scale.py) sends
 what real ranks send, so its figures for thousands of ranks stand for real ranks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import ray
 
-from bench import scale
+from bench.cases import scale
 from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.server import BATCH_ENV, GLOBAL_SCOPE, RendezvousServer, worker_env
 from test.conftest import start_local_ray

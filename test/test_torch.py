@@ -155,7 +155,7 @@ def test_the_cycle_patch_links_under_cxx14(tmp_path):
     """horovod's common code is also compiled as C++14 (its framework extensions' older
     standards): a static constexpr member bound to a reference needs a definition there,
     which the waiting caller's patch once lacked (an undefined reference at link time)."""
-    from bench.scale import horovod_tree
+    from bench.cases.scale import horovod_tree
 
     source, _ = horovod_tree()
     compiler = os.environ.get("CXX") or shutil.which("c++") or "g++"

@@ -53,7 +53,7 @@ HEAD_LIMIT_BYTES = 16 << 10
 STRANGER_DRAIN_BYTES = 64 << 10
 STRANGER_READ_S = 1.0
 # Connections served at once; past it a new one is closed unanswered. A whole job's ranks
-# knock at once (2048 simulated ones in bench/scale.py) and fit; a flood does not take
+# knock at once (2048 simulated ones in bench/cases/scale.py) and fit; a flood does not take
 # the driver's file descriptors or memory with it.
 MAX_CONNECTIONS = 4096
 # A refusal is logged at WARNING once per source and reason in this many seconds; the

@@ -122,7 +122,7 @@ def test_a_flood_of_megabyte_heads_holds_little_memory_and_the_job_goes_on(job):
     stranger's), a megabyte of head each: the server used to keep each up to 1 MiB for
     10 s (measured: +431 to +458 MiB for 400 MiB sent). It reads 16 KiB of a head at most
     now (+36 to +46 MiB; docs/benchmarks.rst, "Reliability")."""
-    from bench.flood import flood
+    from bench.tools.flood import flood
     from test.horovod_identity import horovod_identity
 
     result = flood(job.rendezvous_address)

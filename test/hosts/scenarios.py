@@ -334,7 +334,7 @@ def client(params: dict) -> dict:
 @scenario
 def allreduce_seconds(params: dict) -> dict:
     """The bench's B6: B1's timed allreduce loop, one rank on each of two hosts."""
-    from bench import workloads
+    from bench.cases import workloads
 
     settings = RayExecutor.create_settings(timeout_s=120, verbose=0)
     with RayExecutor(settings, num_hosts=2) as executor:

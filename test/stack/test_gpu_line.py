@@ -1,6 +1,6 @@
 """The GPU lines (``make install GPU=1``: PyTorch's CUDA 13 build; ``GPU=tf``: TensorFlow's
 CUDA 12 build; horovod with NCCL on both) on a machine without a GPU or its driver, and
-``make test-gpu``'s script (bench/gpu_check.py) on CPU ranks. ``make test GPU=1`` and
+``make test-gpu``'s script (bench/tools/gpu_check.py) on CPU ranks. ``make test GPU=1`` and
 ``make test GPU=tf`` run this module in their line's environment, where the build's tests
 run; on the CPU lines they are skipped and the script's run on CPU ranks (its checks and,
 with PyTorch, its peer, with Gloo) is still checked, for each framework installed."""
@@ -103,9 +103,9 @@ def test_horovod_tensorflow_imports_and_reduces_on_cpu_without_a_gpu():
 
 
 def _gpu_check(*args: str) -> subprocess.CompletedProcess:
-    """bench/gpu_check.py joining this module's local Ray, as ``make test-gpu`` runs it."""
+    """bench/tools/gpu_check.py joining this module's local Ray, as ``make test-gpu`` runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "bench.gpu_check", *args],
+        [sys.executable, "-m", "bench.tools.gpu_check", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """B12: a failed job's restart that resumes from its checkpoint, against Ray Train v2
-(``python -m bench.resume MODE OUT``).
+(``python -m bench.cases.resume MODE OUT``).
 
 Both run the same loop on 2 ranks (torch, Gloo): an allreduce every ``PAUSE_S``, rank 0
 reporting a checkpoint of the step after each one; in the first attempt rank 1 dies at
@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.b6 import _first_step
-from bench.common import Mode, alternate, ratio, summary
+import bench.harness.common  # noqa: F401 - Ray's environment before ray
+from bench.cases.b6 import _first_step
+from bench.harness.common import Mode, alternate, ratio, summary
 
 DIE_AT = 20
 STEPS = DIE_AT + 5
@@ -141,7 +141,7 @@ def resume(mode: Mode) -> dict:
     print("B12 a restart that resumes from its checkpoint", flush=True)
     from horovod_ray import local_ray
 
-    local_ray.start(num_cpus=bench.common.NUM_CPUS, log_to_driver=False)
+    local_ray.start(num_cpus=bench.harness.common.NUM_CPUS, log_to_driver=False)
     redone: dict[str, list[int]] = {"horovod_ray": [], "Ray Train v2": []}
 
     def timed(name, measure):
@@ -170,10 +170,10 @@ def resume(mode: Mode) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from bench.common import MODES
+    from bench.harness.common import MODES
 
     mode_name, out_path = argv
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.common: v1)
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.harness.common: v1)
     results = resume(MODES[mode_name])
     with open(out_path, "w") as handle:
         json.dump(results, handle)

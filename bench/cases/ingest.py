@@ -1,5 +1,5 @@
 """B13: Ray Data into the ranks, against Ray Train v2's ``datasets=`` and against each rank
-reading for itself (``python -m bench.ingest MODE OUT``).
+reading for itself (``python -m bench.cases.ingest MODE OUT``).
 
 The same pipeline, ``ray.data.range(ROWS).map_batches(features)`` (32 float32 features a
 row), read as torch batches of ``BATCH`` rows for ``EPOCHS`` epochs by 2 and 4 ranks,
@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.common import Mode, alternate, ratio, summary
+import bench.harness.common  # noqa: F401 - Ray's environment before ray
+from bench.harness.common import Mode, alternate, ratio, summary
 
 BATCH = 256
 EPOCHS = 2
@@ -156,7 +156,7 @@ def ingest(mode: Mode) -> dict:
     print("B13 Ray Data into the ranks (rows/s)", flush=True)
     from horovod_ray import local_ray
 
-    local_ray.start(num_cpus=bench.common.NUM_CPUS, log_to_driver=False)
+    local_ray.start(num_cpus=bench.harness.common.NUM_CPUS, log_to_driver=False)
     figures: dict = {"b13_rows": mode.ingest_rows, "b13_batch": BATCH, "b13_epochs": EPOCHS}
     for ranks in mode.ingest_ranks:
         runs = alternate(
@@ -177,10 +177,10 @@ def ingest(mode: Mode) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from bench.common import MODES
+    from bench.harness.common import MODES
 
     mode_name, out_path = argv
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.common: v1)
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.harness.common: v1)
     results = ingest(MODES[mode_name])
     with open(out_path, "w") as handle:
         json.dump(results, handle)

@@ -12,8 +12,8 @@ import functools
 import json
 from typing import Callable, Sequence
 
-from bench import workloads
-from bench.common import (
+from bench.cases import workloads
+from bench.harness.common import (
     Mode,
     alternate,
     horovod_ray_run,
@@ -22,7 +22,7 @@ from bench.common import (
     reference_run,
     summary,
 )
-from bench.raw_gloo import ensure_gloo_binary, raw_gloo_seconds
+from bench.peers.raw_gloo import ensure_gloo_binary, raw_gloo_seconds
 
 
 def b1(mode: Mode, may_install: bool) -> dict:

@@ -1,4 +1,5 @@
-"""B10's peer: Ray Train v2 answering the same drain (``python -m bench.train_drain MODE OUT``).
+"""B10's peer: Ray Train v2 answering the same drain
+(``python -m bench.peers.train_drain MODE OUT``).
 
 Ray Train v2 (2.60) watches the nodes of its workers for drains: it tells the training
 function through ``ray.train.get_preemption_info()``, so that it can report a
@@ -24,9 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.b6 import _first_step, _in_thread
-from bench.common import Mode, simulated_nodes, summary
+import bench.harness.common  # noqa: F401 - Ray's environment before ray
+from bench.cases.b6 import _first_step, _in_thread
+from bench.harness.common import Mode, simulated_nodes, summary
 
 DEADLINE_S = 15  # shorter than B10's 60 s: Ray Train waits it out before it starts again
 PAUSE_S = 0.05
@@ -148,10 +149,10 @@ def train_drain(mode: Mode) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    from bench.common import MODES
+    from bench.harness.common import MODES
 
     mode_name, out_path = argv
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.common: v1)
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.harness.common: v1)
     results = train_drain(MODES[mode_name])
     with open(out_path, "w") as handle:
         json.dump(results, handle)

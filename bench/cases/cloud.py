@@ -11,7 +11,7 @@ steps the survivors began twice (rolled back to their last commit: the work lost
 "static": a 2-rank static job (a spare node beside) that checkpoints when told of the
 drain (``get_preemption_info()``) and is restarted from that checkpoint (``max_restarts``):
 seconds from the drain to its restarted job's first step, and the steps done again; Ray
-Train v2's answer to the same drain is ``bench.train_drain``'s.
+Train v2's answer to the same drain is ``bench.peers.train_drain``'s.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench import workloads
-from bench.b6 import _first_step, _in_thread
-from bench.common import Mode, alternate, ratio, simulated_nodes, summary
+from bench.cases import workloads
+from bench.cases.b6 import _first_step, _in_thread
+from bench.harness.common import Mode, alternate, ratio, simulated_nodes, summary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from bench import workloads
-from bench.common import Mode, alternate, ratio, simulated_nodes, summary
-from bench.raw_gloo import ensure_gloo_binary, raw_gloo_seconds
+from bench.cases import workloads
+from bench.harness.common import Mode, alternate, ratio, simulated_nodes, summary
+from bench.peers.raw_gloo import ensure_gloo_binary, raw_gloo_seconds
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster

@@ -1,4 +1,4 @@
-"""Raw Gloo: the C++ ring allreduce of ``bench/native/gloo_allreduce.cc``, no Horovod.
+"""Raw Gloo: the C++ ring allreduce of ``bench/peers/gloo_allreduce.cc``, no Horovod.
 
 The floor that B1 and B6 compare horovod_ray's allreduce against, and the sweep's
 reference. Built with CMake into ``build/gloo_allreduce`` on first use.
@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from bench.common import ROOT
+from bench.harness.common import ROOT
 
 GLOO_BINARY = ROOT / "build" / "gloo_allreduce"
 

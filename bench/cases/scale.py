@@ -1,6 +1,6 @@
 """The rendezvous at scale: N ranks' ``hvd.init`` store traffic against our server.
 
-``python -m bench.run --only scale``. bench/native/rendezvous_load.cc runs N ranks as
+``python -m bench.run --only scale``. bench/tools/rendezvous_load.cc runs N ranks as
 threads, each doing what one real rank does in Gloo's global scope, with horovod's own
 client code from the build tree (see that file). Each N runs three ways, back to back:
 
@@ -34,8 +34,8 @@ from horovod_ray.rank.assignment import RankInfo
 from horovod_ray.rendezvous.server import GLOBAL_SCOPE, RendezvousServer
 from horovod_ray.stack.build import installed_version
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "bench" / "native" / "rendezvous_load.cc"
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "bench" / "tools" / "rendezvous_load.cc"
 BINARY = ROOT / "build" / "rendezvous_load"
 SIZES = (64, 256, 1024, 4096)
 WAYS = ("stock", "backlog", "batched")
@@ -339,7 +339,7 @@ def start_path_once(
 def start_path(sizes: Sequence[int], reps: int, num_hosts: int = 2) -> dict:
     """``scale_start_s``: {N: {step: median seconds}} on ``num_hosts`` simulated nodes,
     with the batched rendezvous; ``scale_start_per_key_s`` the same with Gloo's."""
-    from bench.common import simulated_nodes, wait_for_quiet
+    from bench.harness.common import simulated_nodes, wait_for_quiet
 
     figures: dict[str, dict] = {"batched": {}, "per_key": {}}
     with simulated_nodes([max(sizes) // num_hosts] * num_hosts):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from bench import workloads
-from bench.common import NUM_CPUS, Mode, alternate, ratio, summary
+from bench.cases import workloads
+from bench.harness.common import NUM_CPUS, Mode, alternate, ratio, summary
 
 
 def b4(mode: Mode, storage: str) -> dict:

@@ -1,6 +1,6 @@
 """The rendezvous under a flood: unauthenticated megabyte request heads at a live job.
 
-``python -m bench.flood`` starts a local Ray and a 2-rank job, then, several times: opens
+``python -m bench.tools.flood`` starts a local Ray and a 2-rank job, then, several times: opens
 the flood's connections (from a worker node's address without the secret, and from a
 stranger's address), sends each a megabyte of request head that never ends, and holds
 them; meanwhile it samples the driver's memory and times a real rank's request (a GET
@@ -141,9 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args(argv)
-    # Here, not at the top: bench.common sets Ray's environment, which the test suite,
+    # Here, not at the top: bench.harness.common sets Ray's environment, which the test suite,
     # importing flood(), must not inherit.
-    from bench import common, workloads
+    from bench.cases import workloads
+    from bench.harness import common
     from horovod_ray import RayExecutor, local_ray
 
     local_ray.start(num_cpus=common.NUM_CPUS, log_to_driver=False)

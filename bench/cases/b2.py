@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Callable
 
-from bench import workloads
-from bench.common import (
+from bench.cases import workloads
+from bench.harness.common import (
     Mode,
     alternate,
     cold_start_s,

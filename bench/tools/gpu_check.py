@@ -1,5 +1,5 @@
 """``make test-gpu``: the GPU lines' check on a machine with NVIDIA GPUs
-(``python -m bench.gpu_check --framework torch|tensorflow``; docs/gpus.rst).
+(``python -m bench.tools.gpu_check --framework torch|tensorflow``; docs/gpus.rst).
 
 Through ``horovod_ray.run(..., use_gpu=True)``, on 2 ranks, each on a GPU of its own, where
 Ray sees two GPUs or more, else on 1 (NCCL refuses two ranks of one communicator on one
@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.bt import free_port  # the port torch.distributed's group meets on
-from bench.common import timed  # (bench.bt loads it first: Ray's environment before ray)
+from bench.cases.bt import free_port  # the port torch.distributed's group meets on
+from bench.harness.common import timed  # (bt loads it first: Ray's environment before ray)
 from horovod_ray.stack.build import nccl_version
 
 WARMUP = 3
@@ -226,7 +226,7 @@ CHECKS = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.tools.gpu_check", description=__doc__)
     parser.add_argument(
         "--framework",
         choices=sorted(RANK_CHECKS),

@@ -15,7 +15,7 @@
 
 Ray Train's current API (v2) is what a user gets, and it cannot share a process with the
 v1 API that B2's HorovodTrainer needs: ``bench.run`` runs BT in a process of its own
-(``python -m bench.bt MODE OUT``), on a local Ray of its own.
+(``python -m bench.cases.bt MODE OUT``), on a local Ray of its own.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 
-import bench.common  # noqa: F401 - Ray's environment before ray
-from bench.common import (
+import bench.harness.common  # noqa: F401 - Ray's environment before ray
+from bench.harness.common import (
     NUM_CPUS,
     ROOT,
     Mode,
@@ -358,12 +358,12 @@ def bt(mode: Mode) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m bench.bt MODE OUT``: BT on a local Ray of its own; JSON to OUT."""
-    from bench.common import MODES
+    """``python -m bench.cases.bt MODE OUT``: BT on a local Ray of its own; JSON to OUT."""
+    from bench.harness.common import MODES
     from horovod_ray import local_ray
 
     mode_name, out_path = argv
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.common: v1)
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # Ray Train's current API (bench.harness.common: v1)
     local_ray.start(num_cpus=NUM_CPUS, log_to_driver=False)
     try:
         results = bt(MODES[mode_name])

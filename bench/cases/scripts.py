@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench.common import NUM_CPUS, ROOT, Mode, alternate, ratio, summary, wait_for_quiet
+from bench.harness.common import NUM_CPUS, ROOT, Mode, alternate, ratio, summary, wait_for_quiet
 from horovod_ray import local_ray
 
-_SCRIPT = [sys.executable, str(ROOT / "bench" / "workloads.py"), "b2"]
+_SCRIPT = [sys.executable, str(ROOT / "bench" / "cases" / "workloads.py"), "b2"]
 _CLI = [sys.executable, "-m", "horovod_ray", "run", "-np", "2"]
 _HOROVODRUN = [
     str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2",
@@ -76,7 +76,7 @@ B8_PARTS = ("start and imports", "ray.init", "job", "exit")
 
 def _b8_script(parts: dict[str, list[float]]) -> float:
     """Seconds of ``b8_script.py 2``; each of its parts is added to ``parts``."""
-    command = [sys.executable, str(ROOT / "bench" / "b8_script.py"), "2"]
+    command = [sys.executable, str(ROOT / "bench" / "cases" / "b8_script.py"), "2"]
     seconds, stdout, started_at, ended_at = _timed(command, r"ranks 2 ray_start_s ")
     # Searched for: Ray may relay a worker's line after the script's own last one.
     found = re.search(r"ray_start_s (\S+) imported_at (\S+) returned_at (\S+)", stdout)
@@ -107,7 +107,7 @@ def _b8_figures(local: dict[str, list[float]], parts: dict[str, list[float]]) ->
 def _joining(mode: Mode) -> dict[str, list[float]]:
     """B7 joining: ``horovod-ray run --address`` of a local Ray started here, in a rotation
     with ``horovodrun``."""
-    # Imported here, not above: bench.common sets Ray's environment before ray is imported.
+    # Imported here, not above: bench.harness.common sets Ray's environment before ray is imported.
     import ray
 
     local_ray.start(num_cpus=NUM_CPUS, log_to_driver=False)

@@ -31,7 +31,7 @@ import ray  # noqa: E402
 
 from horovod_ray import local_ray  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 NUM_CPUS = 4
 
@@ -54,7 +54,7 @@ class Mode:
     b6e_reps: int
     script_reps: int  # B7 and B8: whole scripts, each a few seconds
     b9_reps: int  # each repetition: a restart, a restart by hand and a hang
-    scale_sizes: tuple[int, ...]  # --only scale: simulated ranks (see bench/scale.py)
+    scale_sizes: tuple[int, ...]  # --only scale: simulated ranks (see bench/cases/scale.py)
     scale_reps: int
     scale_deadline_s: float  # a rendezvous still going then is recorded as bound
     scale_start_sizes: tuple[int, ...]  # --only scale_start: real ranks on 2 Ray nodes
@@ -233,7 +233,8 @@ def simulated_nodes(cpus_per_node: Sequence[int]) -> Iterator[ray.cluster_utils.
 
 
 def horovodrun(args: list[str], num_workers: int) -> list[str]:
-    """``horovodrun`` of ``bench/workloads.py args`` on this machine; each rank's JSON line."""
+    """``horovodrun`` of ``bench/cases/workloads.py args`` on this machine; each rank's JSON
+    line."""
     command = [
         str(Path(sys.executable).parent / "horovodrun"),
         "--gloo",
@@ -244,7 +245,7 @@ def horovodrun(args: list[str], num_workers: int) -> list[str]:
         "--network-interface",
         "lo",
         sys.executable,
-        str(ROOT / "bench" / "workloads.py"),
+        str(ROOT / "bench" / "cases" / "workloads.py"),
         *args,
     ]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)

@@ -12,13 +12,13 @@ import statistics
 import time
 from typing import Callable
 
-from bench import workloads
-from bench.common import Mode, alternate, ratio, summary
+from bench.cases import workloads
+from bench.harness.common import Mode, alternate, ratio, summary
 
 
 def b3(mode: Mode) -> dict:
     print("B3 call overhead, 4 workers, no-op", flush=True)
-    # Imported here, not above: bench.common sets Ray's environment before ray is imported.
+    # Imported here, not above: bench.harness.common sets Ray's environment before ray is imported.
     import ray
     from horovod.ray import RayExecutor as ReferenceExecutor
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 LINES = {"2.21": ROOT / ".venv", "2.15": ROOT / ".venv-tf2.15"}
 
@@ -66,7 +66,9 @@ def _one(line: str, rep: int) -> dict:
     out = RESULTS / f"lines-{line}-{rep}.json"
     _in_line(line, ["-m", "bench.run", "--mode", "quick", "--only", "b1,b2", "--out", str(out)])
     bench = json.loads(out.read_text())
-    demo = json.loads(_in_line(line, ["-m", "bench.lines", "--demo"]).strip().splitlines()[-1])
+    demo = json.loads(
+        _in_line(line, ["-m", "bench.harness.lines", "--demo"]).strip().splitlines()[-1]
+    )
     return {
         "b1_mbps": bench["b1_allreduce_mbps"]["horovod_ray"]["median"],
         "b2_2_s": bench["b2_cold_start_s"]["2"]["horovod_ray"]["median"],

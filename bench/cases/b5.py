@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from bench import workloads
-from bench.common import Mode, cold_start_s, simulated_nodes, summary
+from bench.cases import workloads
+from bench.harness.common import Mode, cold_start_s, simulated_nodes, summary
 
 
 def b5(mode: Mode) -> dict:

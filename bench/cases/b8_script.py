@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import ray  # noqa: E402
 
 import horovod_ray  # noqa: E402
-from bench import workloads  # noqa: E402
+from bench.cases import workloads  # noqa: E402
 
 imported_at = time.time()
 _ray_init = ray.init

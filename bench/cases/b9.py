@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bench import workloads
-from bench.b6 import _first_step
-from bench.common import Mode, alternate, ratio, summary
+from bench.cases import workloads
+from bench.cases.b6 import _first_step
+from bench.harness.common import Mode, alternate, ratio, summary
 
 DIE_AT = 20
 PAUSE_S = 0.05

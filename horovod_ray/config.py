@@ -283,6 +283,13 @@ class FromRay:
             refuse("scaling_config", SIZING | set(self.sizing), given, defaults)
         refuse("run_config", set(self.run), given, defaults)
 
+    def stored_at(self, storage_path: str) -> FromRay:
+        """These, with the run stored under ``storage_path`` unless the RunConfig says
+        where."""
+        if "storage_path" in self.run:
+            return self
+        return dataclasses.replace(self, run={**self.run, "storage_path": storage_path})
+
     def settings(self, settings: Settings) -> Settings:
         """``settings`` with the RunConfig's name and storage (checked as
         create_settings checks them)."""

@@ -227,6 +227,17 @@ def ctrl_c_once() -> Iterator[tuple]:
         signal.signal(signal.SIGINT, previous)
 
 
+def assert_two_attempts_spent(error: BaseException, rank: int) -> None:
+    """``error`` is a job's after two failed attempts (max_restarts=1), each attempt's
+    cause under its heading, the last one's failed ``rank`` named."""
+    text = str(error)
+    assert text.startswith("the job failed 2 times (max_restarts=1); each attempt:")
+    first, second = text.index("--- attempt 0:"), text.index("--- attempt 1:")
+    assert "bad batch in attempt 0" in text[first:second]
+    assert "bad batch in attempt 1" in text[second:]
+    assert list(error.failures) == [rank]
+
+
 def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.2):
     """Polls ``predicate`` until it returns a truthy value; returns the last value."""
     deadline = time.monotonic() + timeout_s

@@ -91,12 +91,9 @@ class HorovodTrainer:
         self._config = dict(train_loop_config or {})
         scaling_config = ScalingConfig() if scaling_config is None else scaling_config
         run_config = RunConfig() if run_config is None else run_config
-        wanted = config.from_ray(scaling_config, run_config)
+        # Stored where Ray's trainers store a run that does not say where.
+        wanted = config.from_ray(scaling_config, run_config).stored_at(_default_storage())
         self._settings = wanted.settings(config.horovod(horovod_config))
-        if self._settings.storage is None:  # a RunConfig of Tune's without a storage path
-            self._settings = config.FromRay({}, {"storage_path": _default_storage()}).settings(
-                self._settings
-            )
         self._scaling_config = scaling_config
         self._max_restarts = wanted.run.get("max_restarts", 0)
         self._datasets = datasets

@@ -233,6 +233,26 @@ def run(config: object) -> dict[str, Any]:
     return keywords
 
 
+def for_tune(config: object) -> Any:
+    """A trainer's ``ray.train.RunConfig`` as the ``ray.tune.RunConfig`` a Tuner running
+    the trainer takes (Train v2's RunConfig is not Tune's): the same name, storage,
+    checkpoint keep policy and failure budget (a trial retried ``max_failures`` times).
+
+    Raises:
+        ConfigError: As :func:`run`.
+    """
+    from ray import tune
+
+    keywords = run(config)
+    return tune.RunConfig(
+        name=keywords.get("name"),
+        storage_path=keywords.get("storage_path"),
+        storage_filesystem=keywords.get("storage_filesystem"),
+        checkpoint_config=keywords.get("checkpoint_config"),
+        failure_config=tune.FailureConfig(max_failures=keywords.get("max_restarts", 0)),
+    )
+
+
 # Ray's HorovodConfig fields that mean something here, and Ray's defaults for them.
 _HOROVOD_FIELDS = {"timeout_s": 300, "placement_group_timeout_s": 100, "nics": None, "verbose": 1}
 

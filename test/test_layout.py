@@ -100,7 +100,7 @@ DRAWN = {
         "rank",
         "settings",
     },
-    "trainer": {"checkpoints", "config", "errors", "rank", "run"},
+    "trainer": {"checkpoints", "config", "errors", "rank", "run", "tune"},
     "tune": {"checkpoints", "data", "executor", "errors", "job", "rank", "settings"},
     "run": {"config", "data", "executor", "errors", "failures", "local_ray", "rank", "settings"},
     "executor": {"config", "data", "errors", "job", "rank", "settings"},

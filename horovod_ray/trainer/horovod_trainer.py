@@ -4,12 +4,14 @@ horovod_ray job. Its config objects go through ``horovod_ray.config`` as ``run()
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 from horovod_ray import config
 from horovod_ray.checkpoints.result import Result as RunResult
 from horovod_ray.checkpoints.spec import RunStorage
-from horovod_ray.errors import ConfigError, WorkerFailedError
+from horovod_ray.errors import ConfigError, WorkerFailedError, named_as
+from horovod_ray.trainer import ray_hook
 
 
 class HorovodTrainer:
@@ -60,8 +62,6 @@ class HorovodTrainer:
     ) -> None:
         from ray.train import RunConfig, ScalingConfig
 
-        from horovod_ray.trainer import ray_hook
-
         if not callable(train_loop_per_worker):
             raise ConfigError(
                 "train_loop_per_worker",
@@ -93,11 +93,27 @@ class HorovodTrainer:
         run_config = RunConfig() if run_config is None else run_config
         # Stored where Ray's trainers store a run that does not say where.
         wanted = config.from_ray(scaling_config, run_config).stored_at(_default_storage())
-        self._settings = wanted.settings(config.horovod(horovod_config))
+        self._horovod = config.horovod(horovod_config)
+        self._settings = wanted.settings(self._horovod)
         self._scaling_config = scaling_config
         self._max_restarts = wanted.run.get("max_restarts", 0)
         self._datasets = datasets
         self._dataset_config = dataset_config
+        self._run_config = run_config
+        self._tune_run_config: Any = None
+
+    @property
+    def run_config(self) -> Any:
+        """The ``ray.tune.RunConfig`` a ``Tuner`` given this trainer (and none of its
+        own) runs its experiment with: ``run_config``'s name, storage, checkpoint keep
+        policy and ``max_failures`` (retries of a failed trial)."""
+        if self._tune_run_config is None:
+            self._tune_run_config = config.for_tune(self._run_config)
+        return self._tune_run_config
+
+    @run_config.setter
+    def run_config(self, value: Any) -> None:  # Tuner.restore gives the experiment's
+        self._tune_run_config = value
 
     def fit(self) -> Any:
         """Runs the job to its end and returns its ``ray.train.Result`` (the last
@@ -112,7 +128,6 @@ class HorovodTrainer:
         from ray.train import WorkerGroupError
 
         from horovod_ray.run import run
-        from horovod_ray.trainer import ray_hook
 
         try:
             values = run(
@@ -128,6 +143,69 @@ class HorovodTrainer:
             failures = {rank: RuntimeError(text) for rank, text in err.failures.items()}
             raise WorkerGroupError(str(err), failures) from err
         return as_ray_result(self._settings.storage, values[0])
+
+    def as_trainable(self) -> type:
+        """This trainer as a Tune Trainable, for ``ray.tune.Tuner(trainer, ...)`` (which
+        calls it): every trial runs the loop on its own Horovod job of
+        ``scaling_config``'s ranks, inside the trial's placement group, with the trial's
+        ``param_space["train_loop_config"]`` merged into ``train_loop_config``. The
+        Tuner's (or else this trainer's) RunConfig is the experiment's: Tune stores the
+        trials' checkpoints and retries them (``FailureConfig(max_failures)``), from
+        their latest checkpoint (``ray.train.get_checkpoint()``).
+
+        Raises:
+            ConfigError: An elastic ``scaling_config`` (a trial's job is static), or a
+                ``horovod_config`` a trial cannot take (storage, timeline).
+        """
+        from horovod_ray.rank.calls import pickle_fn
+        from horovod_ray.tune import trainable
+
+        sizing = config.scaling(self._scaling_config)
+        if "min_workers" in sizing:
+            raise ConfigError(
+                "scaling_config.num_workers",
+                f"a Tune trial runs a static job: give scaling_config.num_workers a count, "
+                f"got {self._scaling_config.num_workers!r}",
+            )
+        name = type(self).__name__
+        with named_as({"settings": "horovod_config"}):
+            settings = trainable.trial_settings(self._horovod, None, name)
+        func = functools.partial(
+            ray_hook.trial_on_rank, self._loop, self._config, self._with_config
+        )
+        pickle_fn("train_loop_per_worker", func)
+        tuned = trainable.trial_trainable(
+            func, sizing, settings, self._datasets, self._dataset_config, name, name
+        )
+
+        class HorovodTrainerTrainable(tuned):  # type: ignore[misc, valid-type]
+            """A Tuner's trial of a HorovodTrainer."""
+
+            def setup(self, config: dict, *args: Any, **kwargs: Any) -> None:
+                _refuse_tuned(config)
+                super().setup(config, *args, **kwargs)
+
+        HorovodTrainerTrainable.__name__ = tuned.__name__
+        HorovodTrainerTrainable.__qualname__ = tuned.__qualname__
+        return HorovodTrainerTrainable
+
+
+ray_hook.let_tuner_take(HorovodTrainer)
+
+
+def _refuse_tuned(trial_config: Mapping[str, Any]) -> None:
+    """A trial's ``param_space`` may tune ``train_loop_config`` alone.
+
+    Raises:
+        ConfigError: Naming the other keys.
+    """
+    others = sorted(set(trial_config) - {"train_loop_config"})
+    if others:
+        raise ConfigError(
+            "param_space",
+            f"a Tuner of horovod_ray's HorovodTrainer tunes train_loop_config only, got "
+            f"{others}: give the trainer its scaling_config and datasets",
+        )
 
 
 def as_ray_result(storage: RunStorage, return_value: Any) -> Any:

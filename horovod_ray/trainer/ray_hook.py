@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import ray
 
@@ -107,6 +107,10 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
         delete = options.get("delete_local_checkpoint_after_upload")
         if mode is not None and delete == mode.default_delete_local_checkpoint_after_upload():
             options["delete_local_checkpoint_after_upload"] = None
+        if report.tune_session() is not None and mode is _upload_modes().SYNC:
+            # A Tuner's trial: Ray's default mode is what Tune's report does (it returns
+            # once the checkpoint is persisted); Tune takes no upload options.
+            options["checkpoint_upload_mode"] = None
         report.report(metrics, checkpoint, **options)
 
     def get_checkpoint(self) -> Any:
@@ -143,6 +147,12 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
 
     def broadcast_from_rank_zero(self, data: Any) -> Any:
         return _horovod().broadcast_object(data, root_rank=0)
+
+
+def _upload_modes() -> Any:
+    from ray.train import CheckpointUploadMode
+
+    return CheckpointUploadMode
 
 
 def _horovod() -> Any:
@@ -187,6 +197,46 @@ def takes_config(train_loop: Callable[..., Any]) -> bool:
             f"accepts {required} required arguments instead"
         )
     return required == 1
+
+
+def let_tuner_take(trainer_cls: type) -> None:
+    """Makes ``ray.tune.Tuner`` take ``trainer_cls``'s instances as it takes Ray's own
+    trainers: Ray 2.60's Tuner asks ``isinstance(trainable, BaseTrainer)`` (Ray Train v1's
+    trainer base), then reads the trainer's ``run_config`` and runs
+    ``trainer.as_trainable()``. A virtual subclass: nothing of BaseTrainer is inherited.
+    """
+    from ray.train.trainer import BaseTrainer
+
+    BaseTrainer.register(trainer_cls)
+
+
+def trial_on_rank(
+    train_loop: Callable[..., Any],
+    config: dict,
+    with_config: bool,
+    trial_config: dict,
+) -> Any:
+    """What each rank of a Tuner's trial runs: ``train_loop`` with the trial's
+    ``train_loop_config`` merged into ``config`` (nested dicts key by key, as Ray's
+    trainers merge a Tuner's ``param_space``), and Ray's functions answering."""
+    from horovod_ray.tune import session
+
+    # Ray's ray.train functions refuse to run inside a Tune session (they point at
+    # ray.tune's); this rank's reports still reach the trial (report.use_tune_session).
+    session.install_session(None)
+    tuned = trial_config.get("train_loop_config") or {}
+    return loop_on_rank(train_loop, merged(config, tuned), with_config)
+
+
+def merged(base: Mapping[str, Any], tuned: Mapping[str, Any]) -> dict:
+    """``base`` updated with ``tuned``, nested mappings merged key by key."""
+    result = dict(base)
+    for key, value in tuned.items():
+        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
+            result[key] = merged(result[key], value)
+        else:
+            result[key] = value
+    return result
 
 
 def loop_on_rank(train_loop: Callable[..., Any], config: dict, with_config: bool) -> Any:

@@ -56,10 +56,7 @@ logger = logging.getLogger(__name__)
 class _TrialSpec:
     func: Callable[[dict], Any]
     settings: Settings
-    num_hosts: int
-    num_slots: int
-    num_cpus_per_slot: float
-    use_gpu: bool
+    layout: WorkerLayout
     data: DataSpec | None = None
 
 
@@ -168,13 +165,16 @@ def _run_trial(config: dict, spec: _TrialSpec) -> None:
     fresh = job is None
     if fresh:
         # Inside the trial's placement group: the ranks take its bundles.
+        layout = spec.layout
         job = _Job(
             RayExecutor(
                 spec.settings,
-                num_hosts=spec.num_hosts,
-                num_workers_per_host=spec.num_slots,
-                cpus_per_worker=spec.num_cpus_per_slot,
-                use_gpu=spec.use_gpu,
+                num_workers=layout.num_workers,
+                num_hosts=layout.num_hosts,
+                num_workers_per_host=layout.num_workers_per_host,
+                cpus_per_worker=layout.cpus_per_worker,
+                use_gpu=layout.use_gpu,
+                gpus_per_worker=layout.gpus_per_worker,
                 datasets=None if spec.data is None else spec.data.datasets,
                 data_config=None if spec.data is None else spec.data.config,
             )
@@ -210,7 +210,7 @@ def _check_signature(func: Callable[..., Any]) -> None:
         ) from err
 
 
-def _trial_settings(settings: object, timeout_s: float | None, name: str | None) -> Settings:
+def trial_settings(settings: object, timeout_s: float | None, name: str | None) -> Settings:
     """The settings of every trial's job, checked; named by the function (each trial's
     job shows under it in its metrics and ``horovod-ray status``) unless they name it."""
     if settings is None:
@@ -287,32 +287,56 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
     require_positive("num_cpus_per_slot", num_cpus_per_slot)
     if not isinstance(use_gpu, bool):
         raise ConfigError("use_gpu", f"use_gpu must be True or False, got {use_gpu!r}")
-    settings = _trial_settings(settings, timeout_s, getattr(func, "__name__", None) or None)
-    layout = WorkerLayout(
-        num_hosts=num_hosts,
-        num_workers_per_host=num_slots,
-        cpus_per_worker=num_cpus_per_slot,
-        use_gpu=use_gpu,
-    )
+    settings = trial_settings(settings, timeout_s, getattr(func, "__name__", None) or None)
+    sizing = {"num_hosts": num_hosts, "num_workers_per_host": num_slots}
+    sizing |= {"cpus_per_worker": num_cpus_per_slot, "use_gpu": use_gpu}
     pickle_fn("func", func)
+    name = getattr(func, "__name__", "func")
+    return trial_trainable(func, sizing, settings, datasets, data_config, f"Horovod_{name}", name)
+
+
+def trial_trainable(
+    func: Callable[[dict], Any],
+    sizing: Mapping[str, Any],
+    settings: Settings,
+    datasets: Mapping[str, Any] | None,
+    data_config: Any,
+    trial_name: str,
+    class_suffix: str,
+) -> type[tune.Trainable]:
+    """The Trainable class whose every trial runs ``func(config)`` on the ranks of a job
+    sized by ``sizing`` (RayExecutor's keywords: ``num_workers`` packed, or ``num_hosts``
+    of ``num_workers_per_host``; each rank's resources), inside the trial's placement
+    group, with ``datasets`` split over its ranks; Tune names its trials after
+    ``trial_name``. ``func`` and ``settings`` are checked already
+    (DistributedTrainableCreator, HorovodTrainer.as_trainable).
+
+    Raises:
+        ConfigError: A bad size or datasets, named.
+    """
+    layout = WorkerLayout(**sizing)
     data = data_spec(datasets, data_config)
     if data is not None:
-        check_rows(data, num_hosts * num_slots)
+        check_rows(data, layout.num_workers or layout.num_hosts * layout.num_workers_per_host)
+    per_worker = layout.worker_resources()
+    if layout.num_workers is not None:
+        bundles = [dict(per_worker) for _ in range(layout.num_workers)]
+        strategy = "PACK"
+    else:
+        slots = layout.num_workers_per_host
+        per_host = {resource: amount * slots for resource, amount in per_worker.items()}
+        bundles = [dict(per_host) for _ in range(layout.num_hosts)]
+        strategy = "STRICT_SPREAD" if layout.num_hosts > 1 else "PACK"
+    # An empty head bundle: the trial's own actor takes nothing.
+    resources = tune.PlacementGroupFactory([{}] + bundles, strategy=strategy)
 
-    per_host = {name: amount * num_slots for name, amount in layout.worker_resources().items()}
-    resources = tune.PlacementGroupFactory(
-        [{}] + [dict(per_host) for _ in range(num_hosts)],
-        strategy="STRICT_SPREAD" if num_hosts > 1 else "PACK",
-    )
-
-    spec = _TrialSpec(func, settings, num_hosts, num_slots, num_cpus_per_slot, use_gpu, data)
+    spec = _TrialSpec(func, settings, layout, data)
 
     def run_trial(config: dict) -> None:
         # Only module-level names in here: Tune pickles this closure by value.
         _run_trial(config, spec)
 
-    name = getattr(func, "__name__", "func")
-    base = wrap_function(run_trial, name=f"Horovod_{name}")
+    base = wrap_function(run_trial, name=trial_name)
 
     class DistributedTrainable(base):  # type: ignore[misc, valid-type]
         """A Tune trial running ``func`` on a Horovod job (see DistributedTrainableCreator)."""
@@ -329,6 +353,6 @@ def DistributedTrainableCreator(  # noqa: N802 - the name users know from horovo
                 # The trial's thread may have been stopped inside forward's report.
                 remove_forwarded_copies()
 
-    DistributedTrainable.__name__ = f"DistributedTrainable_{name}"
+    DistributedTrainable.__name__ = f"DistributedTrainable_{class_suffix}"
     DistributedTrainable.__qualname__ = DistributedTrainable.__name__
     return DistributedTrainable

@@ -78,3 +78,43 @@ def test_rays_functions_reach_horovod_rays_on_a_rank(tmp_path, fresh_rank_sessio
 )
 def test_the_loop_takes_config_as_ray_calls_it(loop, takes):
     assert ray_hook.takes_config(loop) is takes
+
+
+def test_a_trials_config_is_merged_into_the_loops_as_rays_trainers_merge_it():
+    base = {"lr": 0.1, "model": {"width": 8, "depth": 2}, "epochs": 3}
+    tuned = {"lr": 0.5, "model": {"depth": 4}, "seed": 1}
+    assert ray_hook.merged(base, tuned) == {
+        "lr": 0.5, "model": {"width": 8, "depth": 4}, "epochs": 3, "seed": 1
+    }  # fmt: skip
+    assert base["model"] == {"width": 8, "depth": 2}  # the trainer's own left as it was
+
+
+class _Trial:
+    """What a Tune trial's session is to a rank's report (tune/session.TrialSession)."""
+
+    loaded_checkpoint = None
+
+    def __init__(self) -> None:
+        self.reports: list = []
+
+    def report(self, metrics, *, checkpoint=None):
+        self.reports.append((metrics, checkpoint))
+
+
+def test_rays_report_in_a_tuners_trial_reaches_the_trial_without_upload_options(
+    fresh_rank_session,
+):
+    from horovod_ray.rank import report
+
+    trial = _Trial()
+    report.use_tune_session(trial)
+    try:
+        with ray_hook.installed(), tempfile.TemporaryDirectory() as folder:
+            # Ray's report fills in its SYNC mode, which Tune's own report is.
+            ray.train.report({"step": 1}, checkpoint=Checkpoint.from_directory(folder))
+            with pytest.raises(horovod_ray.ConfigError, match="checkpoint_dir_name"):
+                ray.train.report({"step": 2}, checkpoint_dir_name="named")
+    finally:
+        report.use_tune_session(None)
+    ((metrics, checkpoint),) = trial.reports
+    assert metrics == {"step": 1} and checkpoint.path == folder

@@ -121,3 +121,100 @@ def test_failure_config_restarts_from_the_latest_checkpoint_then_fails_as_rays(
     with pytest.raises(ray.train.WorkerGroupError) as info:
         failing.fit()
     assert 1 in info.value.worker_failures  # the rank that died, named
+
+
+def tuned_loop(config):
+    """A loop whose config a Tuner tunes (``scale``), resuming from its trial's
+    checkpoint; rank 1 dies once per trial after the first epoch's report."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    start = 0
+    if (checkpoint := ray.train.get_checkpoint()) is not None:
+        with checkpoint.as_directory() as folder:
+            start = int(Path(folder, "epoch").read_text())
+    for epoch in range(start, config["epochs"]):
+        total = float(hvd.allreduce(torch.tensor(config["scale"]), op=hvd.Sum))
+        size = ray.train.get_context().get_world_size()
+        with tempfile.TemporaryDirectory() as folder:
+            Path(folder, "epoch").write_text(str(epoch + 1))
+            metrics = {"epoch": epoch + 1, "total": total, "size": size, "start": start}
+            metrics["kept"] = config["kept"]
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        died = Path(config["marks"], f"died-{config['scale']}")
+        if hvd.rank() == 1 and not died.exists():
+            died.touch()
+            os._exit(3)
+
+
+def test_a_tuner_runs_each_trial_as_a_horovod_job_and_retries_it_from_its_checkpoint(
+    ray_data, ray_4cpu, no_leaks, tmp_path
+):
+    from ray import tune
+
+    trainer = HorovodTrainer(
+        tuned_loop,
+        train_loop_config={"epochs": 2, "scale": 0.0, "kept": "yes", "marks": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=2),
+        # The trainer's RunConfig is the experiment's when the Tuner has none, as in Ray.
+        run_config=RunConfig(
+            name="tuned", storage_path=str(tmp_path), failure_config=FailureConfig(1)
+        ),
+    )
+    tuner = tune.Tuner(
+        trainer,
+        param_space={"train_loop_config": {"scale": tune.grid_search([1.0, 2.0])}},
+        tune_config=tune.TuneConfig(metric="total", mode="max"),
+    )
+    grid = tuner.fit()
+    assert not grid.errors
+    results = sorted(grid, key=lambda result: result.metrics["total"])
+    # Each trial: two ranks summed its scale; its config merged into the trainer's; rank 1
+    # died after epoch 1 and the retry resumed from epoch 1's checkpoint.
+    for result, scale in zip(results, (1.0, 2.0), strict=True):
+        assert {k: result.metrics[k] for k in ("epoch", "total", "size", "start", "kept")} == {
+            "epoch": 2, "total": 2 * scale, "size": 2, "start": 1, "kept": "yes"
+        }  # fmt: skip
+        assert Path(result.path).parent == tmp_path / "tuned"
+    assert sorted(path.name for path in tmp_path.glob("died-*")) == ["died-1.0", "died-2.0"]
+
+
+def elastic_loop(config):
+    """An elastic Horovod loop (hvd.elastic.run) reporting through Ray's functions."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    state = hvd.elastic.TorchState(epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.epoch < config["epochs"]:
+            total = float(hvd.allreduce(torch.tensor(1.0), op=hvd.Sum))
+            state.epoch += 1
+            context = ray.train.get_context()
+            elastic = os.environ.get("HOROVOD_ELASTIC") == "1"  # horovod's elastic driver
+            ray.train.report({"epoch": state.epoch, "total": total,
+                              "size": context.get_world_size(), "elastic": elastic})  # fmt: skip
+            state.commit()
+        return state.epoch
+
+    return train(state)
+
+
+def test_an_elastic_scaling_config_runs_the_loop_on_an_elastic_job(
+    ray_data, ray_4cpu, no_leaks, tmp_path
+):
+    trainer = HorovodTrainer(
+        elastic_loop,
+        train_loop_config={"epochs": 3},
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="elastic", storage_path=str(tmp_path)),
+    )
+    result = trainer.fit()
+    # An elastic job (4 CPUs free: its most ranks) ran the loop to its end. Its resizes
+    # are test/job/test_elastic.py's: on one machine a failed rank ends an elastic job
+    # (its node leaves the job, as under horovodrun; docs/elastic.rst).
+    assert result.metrics == {"epoch": 3, "total": 2.0, "size": 2, "elastic": True}
+    assert result.return_value == 3

@@ -76,3 +76,56 @@ def test_fit_reads_its_run_back_on_the_runs_own_filesystem(tmp_path, fresh_rank_
     result = as_ray_result(settings.storage, 7)
     assert result.metrics == {"step": 1} and list(result.metrics_dataframe["step"]) == [1]
     assert (tmp_path / "runs" / "n").is_dir()  # on the filesystem given, not the local one
+
+
+def test_a_tuner_takes_the_trainer_as_one_of_rays(tmp_path):
+    from ray import tune
+    from ray.train.trainer import BaseTrainer
+
+    trainer = HorovodTrainer(
+        _loop,
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2}),
+        run_config=RunConfig(
+            name="n", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=2)
+        ),
+    )
+    assert isinstance(trainer, BaseTrainer)  # what Ray's Tuner asks before as_trainable()
+    # The experiment's RunConfig, in Tune's form (Train v2's is not Tune's).
+    run = trainer.run_config
+    assert isinstance(run, tune.RunConfig)
+    assert (run.name, run.storage_path, run.failure_config.max_failures) == (
+        "n", str(tmp_path), 2
+    )  # fmt: skip
+    # Each trial reserves the job's ranks (an empty head bundle: its actor takes nothing).
+    trainable = trainer.as_trainable()
+    request = trainable.default_resource_request({})
+    assert request.head_bundle_is_empty and request.bundles == [{"CPU": 2.0}, {"CPU": 2.0}]
+    assert request.strategy == "PACK"
+    spread = HorovodTrainer(
+        _loop, scaling_config=ScalingConfig(num_workers=2, placement_strategy="STRICT_SPREAD")
+    ).as_trainable()
+    assert spread.default_resource_request({}).strategy == "STRICT_SPREAD"
+
+
+@pytest.mark.parametrize(
+    "arguments, parameter",
+    [
+        ({"scaling_config": ScalingConfig(num_workers=(1, 2))}, "scaling_config.num_workers"),
+        ({"horovod_config": RayExecutor.create_settings(timeline="/tmp/t.json")},
+         "horovod_config"),
+    ],
+)  # fmt: skip
+def test_what_a_tuners_trial_cannot_run_is_refused_as_the_tuner_is_made(arguments, parameter):
+    trainer = HorovodTrainer(_loop, **arguments)
+    with pytest.raises(ConfigError) as info:
+        trainer.as_trainable()
+    assert info.value.parameter == parameter
+
+
+def test_a_trial_tunes_only_the_loops_config():
+    from horovod_ray.trainer.horovod_trainer import _refuse_tuned
+
+    _refuse_tuned({"train_loop_config": {"lr": 0.1}})
+    with pytest.raises(ConfigError, match=r"\['scaling_config'\]") as info:
+        _refuse_tuned({"train_loop_config": {}, "scaling_config": {"num_workers": 4}})
+    assert info.value.parameter == "param_space"

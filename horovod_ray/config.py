@@ -244,11 +244,18 @@ def for_tune(config: object) -> Any:
     from ray import tune
 
     keywords = run(config)
+    keep = keywords.get("checkpoint_config")
+    if keep is not None:  # Tune's own: Train's marks its unused fields, which Tune refuses
+        keep = tune.CheckpointConfig(
+            num_to_keep=keep.num_to_keep,
+            checkpoint_score_attribute=keep.checkpoint_score_attribute,
+            checkpoint_score_order=keep.checkpoint_score_order,
+        )
     return tune.RunConfig(
         name=keywords.get("name"),
         storage_path=keywords.get("storage_path"),
         storage_filesystem=keywords.get("storage_filesystem"),
-        checkpoint_config=keywords.get("checkpoint_config"),
+        checkpoint_config=keep,
         failure_config=tune.FailureConfig(max_failures=keywords.get("max_restarts", 0)),
     )
 

@@ -185,6 +185,10 @@ class HorovodTrainer:
                 _refuse_tuned(config)
                 super().setup(config, *args, **kwargs)
 
+            def reset_config(self, new_config: dict) -> bool:  # a reused actor's next trial
+                _refuse_tuned(new_config)
+                return super().reset_config(new_config)
+
         HorovodTrainerTrainable.__name__ = tuned.__name__
         HorovodTrainerTrainable.__qualname__ = tuned.__qualname__
         return HorovodTrainerTrainable
@@ -199,7 +203,8 @@ def _refuse_tuned(trial_config: Mapping[str, Any]) -> None:
     Raises:
         ConfigError: Naming the other keys.
     """
-    others = sorted(set(trial_config) - {"train_loop_config"})
+    # Tune's own keys (a Repeater's __trial_index__) are not the user's.
+    others = sorted(key for key in trial_config if key != "train_loop_config" and key[:2] != "__")
     if others:
         raise ConfigError(
             "param_space",

@@ -3,8 +3,9 @@
 How a trial runs:
 
 * The trial reserves one bundle per host (``num_slots * num_cpus_per_slot`` CPUs, plus
-  GPUs) and an empty head bundle, so the trial's own actor takes nothing; the trial's
-  RayExecutor places its ranks inside that group.
+  GPUs; a HorovodTrainer's ``num_workers`` packed: one per rank) and an empty head
+  bundle, so the trial's own actor takes nothing; the trial's RayExecutor places its
+  ranks inside that group.
 * Its ranks run the function under a Tune session of their own (``session``).
 * The job is stopped when the trial fails, is stopped by a scheduler or paused, and when
   Tune stops the trial's actor; then its ranks' copies of the restored checkpoint are

@@ -7,6 +7,7 @@ here."""
 
 from __future__ import annotations
 
+import json
 import re
 import types
 from pathlib import Path
@@ -88,3 +89,7 @@ def test_rays_horovod_tune_example(ray_data, ray_4cpu, no_leaks, storage, capsys
     (experiment,) = storage.iterdir()
     trials = [path for path in experiment.iterdir() if path.name.startswith("HorovodTrainer_")]
     assert len(trials) == 2
+    for trial in trials:  # each ran its 5 steps, without an error
+        assert not list(trial.glob("error.*"))
+        last = json.loads((trial / "result.json").read_text().splitlines()[-1])
+        assert last["training_iteration"] == 5

@@ -61,6 +61,7 @@ def train_loop(config):
             metrics = {"epoch": epoch + 1, "rows": total, "size": context.get_world_size()}
             metrics["from_rank_0"] = config["from_rank_0"]
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        hvd.broadcast_object(None)  # rank 0's checkpoint is committed before rank 1 may die
         if epoch == config.get("die_after") and hvd.rank() == 1 and _first_attempt():
             os._exit(3)  # a rank dies
     return start
@@ -142,6 +143,7 @@ def tuned_loop(config):
             metrics = {"epoch": epoch + 1, "total": total, "size": size, "start": start}
             metrics["kept"] = config["kept"]
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        hvd.broadcast_object(None)  # rank 0's report is with Tune before rank 1 may die
         died = Path(config["marks"], f"died-{config['scale']}")
         if hvd.rank() == 1 and not died.exists():
             died.touch()

@@ -4,7 +4,7 @@ ConfigError naming it, and Ray's config objects read as run() reads them."""
 from __future__ import annotations
 
 import pytest
-from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.horovod import HorovodConfig
 
 from horovod_ray import ConfigError, HorovodTrainer, RayExecutor
@@ -81,12 +81,16 @@ def test_fit_reads_its_run_back_on_the_runs_own_filesystem(tmp_path, fresh_rank_
 def test_a_tuner_takes_the_trainer_as_one_of_rays(tmp_path):
     from ray import tune
     from ray.train.trainer import BaseTrainer
+    from ray.tune.experiment import Experiment
 
     trainer = HorovodTrainer(
         _loop,
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2}),
         run_config=RunConfig(
-            name="n", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=2)
+            name="n",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=2),
+            checkpoint_config=CheckpointConfig(2, "loss", "min"),
         ),
     )
     assert isinstance(trainer, BaseTrainer)  # what Ray's Tuner asks before as_trainable()
@@ -96,8 +100,14 @@ def test_a_tuner_takes_the_trainer_as_one_of_rays(tmp_path):
     assert (run.name, run.storage_path, run.failure_config.max_failures) == (
         "n", str(tmp_path), 2
     )  # fmt: skip
-    # Each trial reserves the job's ranks (an empty head bundle: its actor takes nothing).
+    keep = run.checkpoint_config
+    assert (keep.num_to_keep, keep.checkpoint_score_attribute, keep.checkpoint_score_order) == (
+        2, "loss", "min"
+    )  # fmt: skip
     trainable = trainer.as_trainable()
+    # What Tuner.fit() makes of them (Tune refuses Train's CheckpointConfig here).
+    Experiment("n", trainable, storage_path=str(tmp_path), checkpoint_config=keep)
+    # Each trial reserves the job's ranks (an empty head bundle: its actor takes nothing).
     request = trainable.default_resource_request({})
     assert request.head_bundle_is_empty and request.bundles == [{"CPU": 2.0}, {"CPU": 2.0}]
     assert request.strategy == "PACK"
@@ -125,7 +135,10 @@ def test_what_a_tuners_trial_cannot_run_is_refused_as_the_tuner_is_made(argument
 def test_a_trial_tunes_only_the_loops_config():
     from horovod_ray.trainer.horovod_trainer import _refuse_tuned
 
-    _refuse_tuned({"train_loop_config": {"lr": 0.1}})
-    with pytest.raises(ConfigError, match=r"\['scaling_config'\]") as info:
-        _refuse_tuned({"train_loop_config": {}, "scaling_config": {"num_workers": 4}})
-    assert info.value.parameter == "param_space"
+    _refuse_tuned({"train_loop_config": {"lr": 0.1}, "__trial_index__": 0})  # Tune's own key
+    # A trial's actor refuses the rest as the trial starts, fresh or on a reused actor.
+    trainable = HorovodTrainer(_loop).as_trainable()
+    for begin in (trainable.setup, trainable.reset_config):
+        with pytest.raises(ConfigError, match=r"\['scaling_config'\]") as info:
+            begin(object.__new__(trainable), {"scaling_config": {"num_workers": 4}})
+        assert info.value.parameter == "param_space"

@@ -201,8 +201,14 @@ def all_placement_groups() -> list:
 
 
 def live_placement_groups() -> list:
-    groups = ray_state.list_placement_groups(address=_this_cluster(), raise_on_missing_output=False)
-    return [g for g in groups if g.state not in ("REMOVED",)]
+    """The groups not removed, however many this cluster has had: Ray lists 100 unless
+    told more, and filtered after that limit the live ones past the 100th went unseen."""
+    return ray_state.list_placement_groups(
+        address=_this_cluster(),
+        filters=[("state", "!=", "REMOVED")],
+        limit=10_000,
+        raise_on_missing_output=False,
+    )
 
 
 @contextlib.contextmanager
@@ -270,7 +276,9 @@ def _modules_give_the_shared_ray_back(request: pytest.FixtureRequest) -> Iterato
         *(f"group {g.placement_group_id[:8]} {g.state}" for g in live_placement_groups()),
         *(
             f"task {t.name} {t.state}"
-            for t in ray_state.list_tasks(address=address, raise_on_missing_output=False)
+            for t in ray_state.list_tasks(
+                address=address, limit=10_000, raise_on_missing_output=False
+            )
             if t.state not in ("FINISHED", "FAILED")
         ),
     ]

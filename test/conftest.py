@@ -282,12 +282,46 @@ def _modules_give_the_shared_ray_back(request: pytest.FixtureRequest) -> Iterato
             if t.state not in ("FINISHED", "FAILED")
         ),
     ]
+    held.extend(_busy_workers(address))
+    placeable = _placeable(int(total))
     _shutdown()
     warnings.warn(
         f"{request.module.__name__} left {total - free:g} of {total:g} CPUs of the shared "
-        f"Ray taken (Ray restarted for the next module); Ray lists: {held or 'nothing'}",
+        f"Ray taken (Ray restarted for the next module); Ray lists: {held or 'nothing'}; "
+        f"a group of all {total:g} CPUs {placeable}",
         stacklevel=1,
     )
+
+
+def _busy_workers(address: str) -> list[str]:
+    """The worker processes alive and not idle (Ray titles an idle one ``ray::IDLE``)."""
+    import psutil
+
+    busy = []
+    workers = ray_state.list_workers(
+        address=address, limit=10_000, detail=True, raise_on_missing_output=False
+    )
+    for worker in workers:
+        if not worker.is_alive or worker.worker_type != "WORKER":
+            continue
+        try:
+            title = " ".join(psutil.Process(worker.pid).cmdline())[:80]
+        except psutil.Error:
+            continue
+        if "IDLE" not in title:
+            busy.append(f"worker pid {worker.pid} {title!r}")
+    return busy
+
+
+def _placeable(cpus: int) -> str:
+    """Whether Ray can place ``cpus`` one-CPU bundles now (its count of free CPUs may lag
+    behind what its raylet has): tells a count that is behind from CPUs held."""
+    group = ray.util.placement_group([{"CPU": 1}] * cpus)
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=10)
+        return "was placed" if ready else "could not be placed in 10 s"
+    finally:
+        ray.util.remove_placement_group(group)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from horovod_ray.errors import HorovodRayError
 try:
     from ray.train.v2._internal.execution import train_fn_utils as _ray_fn_utils
     from ray.train.v2.api.context import TrainContext as _RayContext
+    from ray.train.v2.api.report_config import CheckpointUploadMode
 except ImportError as err:  # a Ray without Train v2's internals as 2.60 has them
     raise HorovodRayError(
         f"horovod_ray's HorovodTrainer serves ray.train's functions through Ray Train v2's "
@@ -107,7 +108,7 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
         delete = options.get("delete_local_checkpoint_after_upload")
         if mode is not None and delete == mode.default_delete_local_checkpoint_after_upload():
             options["delete_local_checkpoint_after_upload"] = None
-        if report.tune_session() is not None and mode is _upload_modes().SYNC:
+        if report.tune_session() is not None and mode is CheckpointUploadMode.SYNC:
             # A Tuner's trial: Ray's default mode is what Tune's report does (it returns
             # once the checkpoint is persisted); Tune takes no upload options.
             options["checkpoint_upload_mode"] = None
@@ -147,12 +148,6 @@ class RankFnUtils(_ray_fn_utils.TrainFnUtils):
 
     def broadcast_from_rank_zero(self, data: Any) -> Any:
         return _horovod().broadcast_object(data, root_rank=0)
-
-
-def _upload_modes() -> Any:
-    from ray.train import CheckpointUploadMode
-
-    return CheckpointUploadMode
 
 
 def _horovod() -> Any:

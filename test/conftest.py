@@ -338,6 +338,36 @@ def no_leaks(ray_4cpu) -> Iterator[None]:
     ), f"placement groups left: {live_placement_groups()}"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-report",
+        metavar="FILE",
+        help="write each test's wall time and the machine's busy CPU time during it (all "
+        "cores, from /proc/stat) to FILE as tab-separated lines: where a test waits",
+    )
+
+
+def _busy_cpu_s() -> float:
+    """The machine's CPU time spent busy since boot (every core, /proc/stat), in seconds."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    report = item.config.getoption("--cpu-report")
+    if not report:
+        yield
+        return
+    wall, busy = time.monotonic(), _busy_cpu_s()
+    yield
+    wall, busy = time.monotonic() - wall, _busy_cpu_s() - busy
+    share = busy / max(wall, 1e-3) / os.cpu_count()
+    with open(report, "a") as out:
+        out.write(f"{wall:.2f}\t{busy:.2f}\t{share:.2f}\t{item.nodeid}\n")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Undoes bench.harness.common's RAY_TRAIN_V2_ENABLED=0 once the modules are imported: the
     processes and Rays the tests start have Ray Train v2 (``ray.train.ValidationConfig``),

@@ -8,6 +8,7 @@ own, where Ray writes the token (``~/.ray/auth_token``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -87,32 +88,41 @@ def _cli(*args: str) -> list[str]:
 def test_the_entry_points_work_with_the_clusters_token(cluster, tmp_path):
     address, home = cluster
     env = _env(home)
+    # The two jobs side by side (2 of the head's 4 CPUs each), then status, once both
+    # have ended.
+    argvs = (
+        _cli("run", "--address", address, "-np", "2", sys.executable, "-c", PLAIN),
+        [sys.executable, "-c", DRIVER],
+    )
+    with concurrent.futures.ThreadPoolExecutor(len(argvs)) as pool:
+        ran, driver = pool.map(_run, argvs, [env, {**env, "RAY_ADDRESS": address}])
     status = _run(_cli("status", "--address", address), env)
     assert (status.returncode, status.stdout.strip()) == (
         0, "no horovod_ray jobs running (--all: also ended ones)"
     ), status.stderr  # fmt: skip
-    ran = _run(_cli("run", "--address", address, "-np", "2", sys.executable, "-c", PLAIN), env)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert sorted(ran.stdout.split()) == ["[0]<stdout>:1.0", "[1]<stdout>:1.0"]
-    driver = _run([sys.executable, "-c", DRIVER], {**env, "RAY_ADDRESS": address})
     assert driver.stdout.splitlines()[-1] == "[2.0, 2.0]", driver.stderr[-2000:]
 
 
 def test_without_the_token_each_says_where_to_get_it(cluster, tmp_path):
     address, _ = cluster
     # A home without the token: another machine's user. Ray retries a refused
-    # connection once a second, 20 times by default.
-    env = _env(tmp_path, RAY_NUM_REDIS_GET_RETRIES="3")
-    for argv in (
+    # connection once a second, 20 times by default: once here. The three entry points
+    # are refused side by side (each mostly waits on Ray's retries).
+    env = _env(tmp_path, RAY_NUM_REDIS_GET_RETRIES="1")
+    argvs = (
         _cli("status", "--address", address),
         _cli("run", "--address", address, "-np", "2", sys.executable, "-c", PLAIN),
-    ):
-        done = _run(argv, env)
+        [sys.executable, "-c", DRIVER],
+    )
+    with concurrent.futures.ThreadPoolExecutor(len(argvs)) as pool:
+        status, run, driver = pool.map(_run, argvs, [env, env, {**env, "RAY_ADDRESS": address}])
+    for done in (status, run):
         assert done.returncode == 1, done.stderr
         assert "Traceback" not in done.stderr
         assert f"no Ray cluster answered at {address}" in done.stderr
         assert "token authentication is on for the cluster at " + address in done.stderr
         assert "RAY_AUTH_TOKEN" in done.stderr
-    driver = _run([sys.executable, "-c", DRIVER], {**env, "RAY_ADDRESS": address})
     assert driver.stdout.startswith("refused: no Ray cluster answered at"), driver.stderr
     assert "RAY_AUTH_TOKEN" in driver.stdout

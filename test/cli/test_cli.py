@@ -19,7 +19,7 @@ import pytest
 import ray
 
 import horovod_ray
-from test.conftest import start_local_ray
+from test.conftest import live_placement_groups, start_local_ray, wait_until
 
 SCRIPT = str(Path(__file__).parent.parent / "scripts" / "plain_horovod.py")
 VENV_BIN = Path(sys.executable).parent
@@ -359,8 +359,12 @@ def test_a_rank_that_prints_faster_than_it_is_read_waits_for_the_reader(address)
 
 def test_ctrl_c_while_the_job_waits_for_room_stops_it(address):
     """Nine ranks cannot fit the four CPUs: the start waits, and Ctrl-C ends the wait."""
+    before = {g.placement_group_id for g in live_placement_groups()}
     process = _cli("-np", "9", "--address", address, "sleep", "60", start_new_session=True)
-    time.sleep(5)
+    # Its placement group listed and not placed: the start waits.
+    assert wait_until(
+        lambda: [g for g in live_placement_groups() if g.placement_group_id not in before], 60
+    ), process.stderr.read()[-3000:]
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err[-2000:]

@@ -109,8 +109,8 @@ HOROVOD_BUILD := $(HOROVOD_CACHE)/horovod-$(HOROVOD_VERSION)-$(LINE)-$(HOROVOD_K
 HOROVOD_SRC := $(HOROVOD_BUILD)/horovod-$(HOROVOD_VERSION)
 PYTEST_ARGS ?=
 
-.PHONY: install horovod-wheel wheels test test-suite test-2023 test-subset test-gpu-line test-gpu \
-	test-bench test-deploy test-image image print-image prometheus demo docs lint \
+.PHONY: install horovod-wheel wheels test test-suite test-quick test-2023 test-subset \
+	test-gpu-line test-gpu test-bench test-deploy test-image image print-image prometheus demo docs lint \
 	bench bench-quick bench-lines native clean clean-cache
 
 install: $(STAMP)
@@ -217,6 +217,13 @@ test-suite: install prometheus
 	$(PY) -m pytest $(PYTEST_ARGS) -m unit test
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" --ignore=test/test_bench.py \
 		--ignore=test/deploy/test_wheelhouse.py --ignore=test/deploy/test_image.py test
+
+# The inner loop while working on one part (docs/testing.rst): the unit tests, then the
+# tests on Ray of the module or folder T (make test-quick T=test/job/test_elastic.py).
+T ?= test/test_executor.py
+test-quick: install
+	$(PY) -m pytest $(PYTEST_ARGS) -q -m unit test
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not unit" $(T)
 
 # The 2023 line (TensorFlow 2.15, Keras 2) in its own environment: the core logic (unit),
 # horovod's Keras API on real 2-rank jobs and an elastic Keras run that loses a node

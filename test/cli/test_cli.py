@@ -362,9 +362,11 @@ def test_ctrl_c_while_the_job_waits_for_room_stops_it(address):
     before = {g.placement_group_id for g in live_placement_groups()}
     process = _cli("-np", "9", "--address", address, "sleep", "60", start_new_session=True)
     # Its placement group listed and not placed: the start waits.
-    assert wait_until(
+    if not wait_until(
         lambda: [g for g in live_placement_groups() if g.placement_group_id not in before], 60
-    ), process.stderr.read()[-3000:]
+    ):
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"the command line's group was never listed: {process.communicate()[1]}")
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 130, err[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -82,11 +81,6 @@ def test_a_local_run_makes_the_timelines_folder(tmp_path):
     assert begun == ended > 0
 
 
-def _spin(stop) -> None:
-    while not stop.is_set():
-        pass
-
-
 def test_horovods_timeline_keeps_the_events_queued_at_shutdown(tmp_path):
     """horovod's writer thread stopped at ``hvd.shutdown()`` with events still in its queue
     (patches/horovod-0.28.1-timeline-writes-its-queue-at-shutdown.patch): the last
@@ -100,10 +94,7 @@ def test_horovods_timeline_keeps_the_events_queued_at_shutdown(tmp_path):
         "    hvd.allreduce(torch.ones(1), name=f't{k}')\n"
         "hvd.shutdown()\n"
     )
-    stop = multiprocessing.Event()
-    spinners = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in range(1)]
-    for spinner in spinners:
-        spinner.start()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         for attempt in range(5):
             path = tmp_path / f"{attempt}.json"
@@ -112,9 +103,8 @@ def test_horovods_timeline_keeps_the_events_queued_at_shutdown(tmp_path):
             ended = {name for name, (_, end) in _begun_and_ended(path).items() if end}
             assert ended == {f"allreduce.t{k}" for k in range(20)}, (attempt, sorted(ended))
     finally:
-        stop.set()
-        for spinner in spinners:
-            spinner.join()
+        spinner.kill()
+        spinner.wait()
 
 
 @pytest.mark.unit

@@ -3,6 +3,7 @@ call made again, on a real local Ray with real Horovod collectives (horovod.torc
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -16,6 +17,7 @@ from horovod_ray import (
     StartCancelledError,
     WorkerFailedError,
 )
+from horovod_ray.failures import restarts
 from test.conftest import assert_two_attempts_spent, ctrl_c_once, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -128,20 +130,36 @@ def test_a_failed_start_is_tried_again_and_stop_during_its_wait_cancels_it(
         executor.stop()
     (tmp_path / "second").mkdir()
     executor = RayExecutor(SETTINGS, num_workers=2, max_restarts=3)
-    stopper = threading.Thread(
-        target=lambda: (
-            wait_until(lambda: any((tmp_path / "second").iterdir()), 60) and executor.stop()
-        )
-    )
+    # stop() once the driver logs the restart, just before its wait: a rank's mark that it
+    # failed (its file) came before the driver knew, and a stop() then, under load, cut
+    # the first attempt short instead (a cancel without the failure as its cause).
+    restarting = _Restarting()
+    stopper = threading.Thread(target=lambda: restarting.logged.wait(60) and executor.stop())
+    logging.getLogger(restarts.__name__).addHandler(restarting)
     stopper.start()
     try:
         with pytest.raises(StartCancelledError) as info:
             executor.start(executable_cls=_FailsFirst, executable_args=[str(tmp_path / "second")])
         assert "no dataset in attempt 0" in str(info.value.__cause__)
     finally:
+        logging.getLogger(restarts.__name__).removeHandler(restarting)
+        restarting.logged.set()
         stopper.join()
         executor.stop()
     assert executor.state is ExecutorState.STOPPED
+    assert any((tmp_path / "second").iterdir())  # attempt 0 failed in its ranks
+
+
+class _Restarting(logging.Handler):
+    """Sets ``logged`` when the restart loop logs that it will restart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "restarting in" in record.getMessage():
+            self.logged.set()
 
 
 @pytest.mark.parametrize(
